@@ -1,0 +1,1 @@
+"""jaxform: a user-malleable compiler layer over JAX."""
