@@ -1,1 +1,11 @@
-"""jaxform: a user-malleable compiler layer over JAX."""
+"""jaxform: a user-malleable compiler layer over JAX.
+
+Read jaxprs as Graphs, rewrite them with passes and user rules, and hand the
+result back to JAX by binding the same primitives, so that everything
+composes with jit, grad, vmap and sharding.
+"""
+from . import passes
+from .ir import Graph, Node, Value
+from .optimize import PassError, optimize, to_function, trace
+
+__version__ = "0.1.0"

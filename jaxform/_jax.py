@@ -1,0 +1,159 @@
+"""The one compatibility layer over JAX internals.
+
+Everything jaxform needs from `jax._src` goes through here, so a JAX upgrade
+touches one file. Tested against JAX 0.10.x (see pyproject.toml).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src import source_info_util as _siu
+from jax._src.interpreters import partial_eval as _pe
+
+Var = jex.Var
+Literal = jex.Literal
+DropVar = jex.DropVar
+Jaxpr = jex.Jaxpr
+ClosedJaxpr = jex.ClosedJaxpr
+JaxprEqn = jex.JaxprEqn
+Primitive = jex.Primitive
+JaxprTypeError = jex.JaxprTypeError
+Tracer = _core.Tracer
+ShapedArray = _core.ShapedArray
+no_effects = _core.no_effects
+new_jaxpr_eqn = jex.new_jaxpr_eqn
+jaxpr_as_fun = jex.jaxpr_as_fun
+
+
+def get_aval(x: Any):
+    """The abstract value of an array, scalar or tracer."""
+    return jax.typeof(x)
+
+
+def check_jaxpr(closed: ClosedJaxpr) -> None:
+    """Type-check a jaxpr (raises JaxprTypeError)."""
+    _core.check_jaxpr(closed.jaxpr)
+
+
+def eval_jaxpr(closed: ClosedJaxpr, *args):
+    """Evaluate by binding each primitive: runs under whatever trace is active."""
+    return _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+
+def jaxpr_effects(constvars, invars, outvars, eqns):
+    """The effects of a jaxpr made of these parts (input effects resolved to its vars)."""
+    return _pe.make_jaxpr_effects(constvars, invars, outvars, eqns)
+
+
+def input_effect_target(eff):
+    """For an effect tied to an input (a Ref read/write), that input's Var; else None."""
+    if isinstance(eff, _effects.JaxprInputEffect):
+        return eff.input
+    return None
+
+
+def retarget_effect(eff, var):
+    return eff.replace(var)
+
+
+def is_literal(x) -> bool:
+    return isinstance(x, _core.Literal)
+
+
+def is_dropvar(x) -> bool:
+    return isinstance(x, _core.DropVar)
+
+
+def is_ref_aval(aval) -> bool:
+    return isinstance(aval, _state_types().AbstractRef)
+
+
+def _state_types():
+    from jax._src.state import types
+    return types
+
+
+def source_summary(source_info) -> str:
+    """'file.py:12 (fn)' for the innermost user frame of an equation, or ''."""
+    if source_info is None:
+        return ""
+    try:
+        return _siu.summarize(source_info)
+    except Exception:
+        return ""
+
+
+def user_frame(source_info):
+    """(file, line, function) of the innermost user frame, or None."""
+    if source_info is None:
+        return None
+    frame = _siu.user_frame(source_info.traceback)
+    if frame is None:
+        return None
+    return frame.file_name, frame.start_line, frame.function_name
+
+
+def new_source_info():
+    """Source info for the code that is calling now (used for nodes built by hand)."""
+    return _siu.current()
+
+
+def abstract_eval(prim: Primitive, avals, params):
+    """Output avals and effects of binding `prim` on operands of these avals."""
+    out, effs = prim.abstract_eval(*avals, **params)
+    outs = list(out) if prim.multiple_results else [out]
+    return outs, effs
+
+
+@functools.cache
+def _all_primitives() -> dict[str, Primitive]:
+    found: dict[str, Primitive] = {}
+    mods = ["jax._src.lax.lax", "jax._src.lax.control_flow.loops", "jax._src.lax.control_flow.conditionals",
+            "jax._src.lax.slicing", "jax._src.lax.special", "jax._src.lax.linalg", "jax._src.lax.parallel",
+            "jax._src.lax.convolution", "jax._src.lax.windowed_reductions", "jax._src.lax.fft",
+            "jax._src.pjit", "jax._src.core", "jax._src.custom_derivatives", "jax._src.ad_checkpoint",
+            "jax._src.state.primitives", "jax._src.prng", "jax._src.random", "jax._src.ad_util",
+            "jax._src.lax.ann", "jax._src.lax.control_flow.for_loop", "jax._src.callback", "jax._src.debugging"]
+    mods += ["jax.extend.core.primitives"]
+    for name in mods:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        for v in vars(mod).values():
+            if isinstance(v, _core.Primitive):
+                found.setdefault(v.name, v)
+    return found
+
+
+def primitive(name: str) -> Primitive:
+    """Look a primitive up by its jaxpr name ('add', 'scan', 'dot_general', ...)."""
+    prims = _all_primitives()
+    if name not in prims:
+        import difflib
+        close = difflib.get_close_matches(name, prims, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"jaxform: no JAX primitive named {name!r}.{hint}")
+    return prims[name]
+
+
+def discharge_state(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """Turn Ref-using code (new_ref/get/swap/addupdate, refs in loops) into pure code.
+
+    Ref *inputs* become extra outputs holding their final values (JAX's
+    convention); a jaxpr whose refs are all internal keeps its signature.
+    """
+    from jax._src.state import discharge
+    return discharge.discharge_state(closed)
+
+
+def is_unspecified(sharding) -> bool:
+    """True for the 'no sharding requested' marker in jit params."""
+    from jax._src.sharding_impls import UnspecifiedValue
+    return isinstance(sharding, UnspecifiedValue)

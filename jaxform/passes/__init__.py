@@ -1,0 +1,49 @@
+"""Passes: functions Graph -> Graph (they may edit their input in place).
+
+Each pass is registered with a name and whether it is *exact* (results bit for
+bit equal) or reassociating; `optimize(exact=True)` keeps only exact ones.
+The default pipeline is `DEFAULT`, in order.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..ir import Graph
+
+PASSES: dict[str, Callable[[Graph], Graph]] = {}
+
+
+def register(name: str | None = None, *, exact: bool = True):
+    """Register `fn(graph) -> graph` as a pass (sets `fn.pass_name`, `fn.exact`)."""
+    def wrap(fn):
+        fn.pass_name, fn.exact = name or fn.__name__, exact
+        PASSES[fn.pass_name] = fn
+        return fn
+    return wrap
+
+
+from .dce import dce  # noqa: E402
+from .cse import cse  # noqa: E402
+from .inline import inline  # noqa: E402
+
+DEFAULT = ["inline", "cse", "dce"]
+
+
+def get(p) -> Callable[[Graph], Graph]:
+    """A pass from its name or itself (any callable Graph -> Graph is a pass)."""
+    if callable(p):
+        return p
+    if p not in PASSES:
+        import difflib
+        close = difflib.get_close_matches(str(p), PASSES, n=3)
+        raise ValueError(f"jaxform: unknown pass {p!r}." + (f" Did you mean {', '.join(close)}?" if close else
+                         f" Known passes: {', '.join(sorted(PASSES))}."))
+    return PASSES[p]
+
+
+def default_pipeline(exact: bool = False) -> list[Callable[[Graph], Graph]]:
+    ps = [PASSES[n] for n in DEFAULT if n in PASSES]
+    return [p for p in ps if p.exact] if exact else ps
+
+
+__all__ = ["PASSES", "DEFAULT", "register", "get", "default_pipeline", "dce", "cse", "inline"]

@@ -1,0 +1,51 @@
+"""Inline call bodies (jit/pjit, closed_call, core_call) into their caller.
+
+Undoes `outline`; lets other passes see across call boundaries. A jit call
+that pins shardings or layouts, or donates buffers, is kept: inlining it
+would drop that request. Exact.
+"""
+from __future__ import annotations
+
+from .. import _jax
+from ..ir import Graph, Node
+from ..ir.regions import CALLS
+from . import register
+
+
+def _inlinable(node: Node) -> bool:
+    p = node.params
+    return (node.name in CALLS and not node.effects
+            and all(_jax.is_unspecified(s) for s in p.get("in_shardings", ()) + p.get("out_shardings", ()))
+            and all(l is None for l in p.get("in_layouts", ()) + p.get("out_layouts", ()))
+            and not any(p.get("donated_invars", ())))
+
+
+@register()
+def inline(graph: Graph) -> Graph:
+    nodes = []
+    for node in graph.nodes:
+        for sub in node.subgraphs():
+            inline(sub)
+        if not _inlinable(node):
+            nodes.append(node)
+            continue
+        nodes.extend(inline_call(graph, node))
+    graph._nodes = nodes
+    return graph
+
+
+def inline_call(graph: Graph, node: Node) -> list[Node]:
+    """Splice one call's body in place of `node`; returns the spliced nodes (in order)."""
+    body: Graph = node.regions["body"]
+    for c in body.consts:
+        graph.consts.append(c)
+    outs = list(body.outputs)
+    body.set_outputs([])
+    for inner, outer in zip(body.inputs, node.inputs):
+        body.replace_uses(inner, outer)
+    for old, new in zip(node.outputs, outs):
+        graph.replace_uses(old, new)
+    for i, v in enumerate(node.inputs):
+        v.uses.remove((node, i))
+    node.dead = True
+    return body.nodes

@@ -1,0 +1,218 @@
+"""`for_loop` over mutable references, and `scan` written with it.
+
+The body runs on real `jax.Ref`s while it is traced, so users write
+`ref[i] = v` / `ref[i] += v` exactly as with `jax.new_ref`. The traced body is
+then *discharged* (JAX's own state discharge rules) into a pure function
+`(i, *values) -> values`, and the loop is an ordinary `lax.fori_loop` over
+that function. Why: from the outside a `for_loop` is pure code, so jit, grad
+(both modes), vmap and their nesting are JAX's well-trodden loop rules instead
+of the younger Ref transformation rules (e.g. `jacfwd` through `jax.new_ref`
+fails in JAX 0.10). Refs the body closes over (an outer loop's refs, or a
+user's `jax.new_ref`) are read before the loop, carried, and written back.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+import traceback
+from typing import Any, Callable
+
+import jax
+import jaxlib
+import jax.extend.core as jex
+import jax.numpy as jnp
+from jax import lax
+
+from jaxform import _jax
+
+__all__ = ["for_loop", "scan", "StateError"]
+
+
+class StateError(ValueError, TypeError):
+    """A misuse of refs or of a loop body, reported at the user's source line."""
+
+
+# ---------------------------------------------------------------- error reporting
+
+_JAX_DIRS = (os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__))
+_OWN_DIR = os.path.dirname(__file__)
+_SKIP = (*_JAX_DIRS, _OWN_DIR)
+
+
+def _user_frame(tb) -> traceback.FrameSummary | None:
+    """The innermost traceback frame that is neither JAX's nor this module's."""
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_SKIP)]
+    return frames[-1] if frames else None
+
+
+def _where(fn: Callable) -> str:
+    """'name (file:line)' for a user function, used when no frame is at hand."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    try:
+        return f"`{name}` ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (TypeError, OSError):
+        return f"`{name}`"
+
+
+def _call_body(fn: Callable, what: str, *args):
+    """Call a user body; JAX's ValueError/TypeError from it is re-raised naming the user's line."""
+    try:
+        return fn(*args)
+    except StateError:
+        raise
+    except (ValueError, TypeError) as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        if not frames or not frames[-1].filename.startswith(_JAX_DIRS):
+            raise  # the user's own exception: leave it alone
+        f = _user_frame(e.__traceback__)
+        at = f"{f.filename}:{f.lineno} in {f.name}: `{(f.line or '').strip()}`" if f else _where(fn)
+        raise StateError(f"{what} {_where(fn)} failed at {at}:\n  {type(e).__name__}: {e}\n"
+                         "(For ref writes: the value must match the ref's shape and dtype at that index (no implicit "
+                         "broadcast or cast: use `.astype` / `jnp.broadcast_to`), and a ref of rank r "
+                         "takes at most r indices.)") from e
+
+
+# ---------------------------------------------------------------- tracing + discharge
+
+def _shape_struct(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def _discharged_body(body: Callable, tree, structs, n_for_err: Any):
+    """Trace `body(i, refs)` and discharge it.
+
+    Returns (fn, consts, ref_mask): `fn(*consts, i, *vals) -> (*vals, *const_ref_vals)`
+    is pure; `consts` are what the body closed over and `ref_mask[k]` says
+    whether consts[k] is a Ref (its value is threaded through the loop).
+    """
+    def stateful(i, *vals):
+        refs = [jax.new_ref(v) for v in vals]
+        out = _call_body(body, "for_loop body", i, jax.tree_util.tree_unflatten(tree, refs))
+        if out is not None:
+            raise StateError(f"for_loop body {_where(body)} returned a {type(out).__name__}; "
+                             "a for_loop body must return None and write its results into the refs "
+                             "it receives (e.g. `refs[i] = value`).")
+        return [r[...] for r in refs]
+
+    closed = jax.make_jaxpr(stateful)(jax.ShapeDtypeStruct((), jnp.int32), *structs)
+    jaxpr = closed.jaxpr
+    ref_mask = [_jax.is_ref_aval(v.aval) for v in jaxpr.constvars]
+    # Closed-over values become leading inputs so that closed-over Refs are
+    # discharged like inputs: their final values come back as extra outputs.
+    open_ = jex.Jaxpr((), [*jaxpr.constvars, *jaxpr.invars], jaxpr.outvars, jaxpr.eqns, jaxpr.effects)
+    pure = _jax.discharge_state(jex.ClosedJaxpr(open_, ()))
+    _check_pure(pure, "for_loop body")
+    return jex.jaxpr_as_fun(pure), list(closed.consts), ref_mask
+
+
+def _check_pure(closed, what: str) -> None:
+    bad = [v for v in [*closed.jaxpr.invars, *closed.jaxpr.outvars]
+           if hasattr(v, "aval") and _jax.is_ref_aval(v.aval)]
+    if bad or closed.jaxpr.effects:
+        raise RuntimeError(f"jaxform internal error: discharging the {what} left refs or effects "
+                           f"({bad or closed.jaxpr.effects}); please report this.")
+
+
+# ---------------------------------------------------------------- for_loop
+
+def for_loop(n: int | jax.Array, body: Callable[[jax.Array, Any], None], init: Any, *,
+             reverse: bool = False, unroll: int | bool = 1) -> Any:
+    """Run `body(i, refs)` for i in range(n) (reversed if `reverse`) on refs holding `init`.
+
+    `init` is a pytree of arrays; `body` receives `jax.Ref`s of the same
+    structure, mutates them in place (`ref[i] = v`, `ref[i] += v`) and returns
+    None. Returns the final values, structured like `init`. A traced `n` runs
+    a while loop (forward-mode differentiable only, as with `lax.fori_loop`).
+    """
+    leaves, tree = jax.tree_util.tree_flatten(init)
+    leaves = [jnp.asarray(x) for x in leaves]
+    fn, consts, ref_mask = _discharged_body(body, tree, [_shape_struct(x) for x in leaves], n)
+    ref_consts = [c for c, m in zip(consts, ref_mask) if m]
+    n_vals = len(leaves)
+
+    def step(i, carry):
+        vals, ref_vals = carry
+        it = iter(ref_vals)
+        args = [next(it) if m else c for c, m in zip(consts, ref_mask)]
+        j = (n - 1 - i) if reverse else i
+        outs = fn(*args, jnp.asarray(j, jnp.int32), *vals)
+        return list(outs[:n_vals]), list(outs[n_vals:])
+
+    carry0 = (leaves, [r[...] for r in ref_consts])
+    try:
+        n = operator.index(n)  # static trip count: a scan, reverse-differentiable
+    except TypeError:
+        pass  # traced: a while loop
+    vals, ref_vals = lax.fori_loop(0, n, step, carry0, unroll=unroll)
+    for r, v in zip(ref_consts, ref_vals):
+        r[...] = v
+    return jax.tree_util.tree_unflatten(tree, vals)
+
+
+# ---------------------------------------------------------------- scan
+
+def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
+         reverse: bool = False, unroll: int | bool = 1) -> tuple[Any, Any]:
+    """`lax.scan` with the same semantics, written as a `for_loop` over refs.
+
+    The carry lives in refs, `xs[i]` is read by index, and each `y` is written
+    into a preallocated output ref at index `i`.
+    """
+    xs_leaves, xs_tree = jax.tree_util.tree_flatten(xs)
+    lengths = {int(jnp.shape(x)[0]) if jnp.ndim(x) else None for x in xs_leaves}
+    if None in lengths:
+        raise ValueError(f"scan got an xs leaf with no leading axis to scan over (scan of {_where(f)}).")
+    if length is not None:
+        lengths.add(int(length))
+    if len(lengths) > 1:
+        raise ValueError(f"scan got inconsistent lengths {sorted(lengths)} for xs leaves and `length` "
+                         f"(scan of {_where(f)}).")
+    if not lengths:
+        raise ValueError(f"scan of {_where(f)}: `length` is required when xs is None or has no leaves.")
+    n = lengths.pop()
+
+    init_leaves, init_tree = jax.tree_util.tree_flatten(init)
+    init_leaves = [jnp.asarray(c) for c in init_leaves]
+    x_structs = xs_tree.unflatten([jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in xs_leaves])
+    out_c, out_y = _scan_types(f, init_tree, init_leaves, x_structs)
+    # Like lax.scan: a weakly typed init (e.g. a Python 0) takes the carry-out dtype.
+    promoted = [c.astype(o.dtype) if c.dtype != o.dtype and c.aval.weak_type else c
+                for c, o in zip(init_leaves, jax.tree_util.tree_leaves(out_c))]
+    if any(p is not c for p, c in zip(promoted, init_leaves)):
+        init_leaves = promoted
+        out_c, out_y = _scan_types(f, init_tree, init_leaves, x_structs)
+    _check_carry(f, init_tree, init_leaves, out_c)
+    y_leaves, y_tree = jax.tree_util.tree_flatten(out_y)
+    ys0 = [lax.full((n, *y.shape), 0, y.dtype) if not y.weak_type else lax.full((n, *y.shape), jnp.zeros((), y.dtype).item())
+           for y in y_leaves]
+
+    def body(i, refs):
+        carry_refs, ys_refs = refs
+        carry = init_tree.unflatten([r[...] for r in carry_refs])
+        x = xs_tree.unflatten([x[i] for x in xs_leaves])
+        new_c, y = f(carry, x)
+        for r, c in zip(carry_refs, init_tree.flatten_up_to(new_c)):
+            r[...] = lax.convert_element_type(c, r.dtype)
+        for r, v in zip(ys_refs, y_tree.flatten_up_to(y)):
+            r[i] = v
+
+    carry, ys = for_loop(n, body, (init_leaves, ys0), reverse=reverse, unroll=unroll)
+    return init_tree.unflatten(carry), y_tree.unflatten(ys)
+
+
+def _scan_types(f, init_tree, init_leaves, x_structs):
+    """Output types of one step of `f`, traced abstractly."""
+    carry = init_tree.unflatten([jax.ShapeDtypeStruct(c.shape, c.dtype, weak_type=c.aval.weak_type) for c in init_leaves])
+    return jax.eval_shape(lambda c, x: _call_body(f, "scan function", c, x), carry, x_structs)
+
+
+def _check_carry(f, init_tree, init_leaves, out_c) -> None:
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out_c)
+    if out_tree != init_tree:
+        raise StateError(f"scan function {_where(f)} returned a carry with structure {out_tree}, "
+                         f"but init has structure {init_tree}; they must match.")
+    for k, (a, b) in enumerate(zip(init_leaves, out_leaves)):
+        if a.shape != b.shape or (a.dtype != b.dtype and not a.aval.weak_type):
+            raise StateError(f"scan function {_where(f)} returned carry leaf {k} as {b.dtype}{list(b.shape)} "
+                             f"but init has {a.dtype}{list(a.shape)}; carry types must not change.")
