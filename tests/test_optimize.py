@@ -1,0 +1,136 @@
+"""optimize as a drop-in transform: pytrees, static args, caching, errors, fault handling."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxform
+from jaxform.ir import Graph
+
+
+def f(params, x, *, scale=1.0):
+    return {"y": jnp.tanh(x @ params["w"]) * scale, "n": jnp.sum(x)}
+
+
+P = {"w": jnp.ones((3, 2))}
+X = jnp.arange(6.0).reshape(2, 3)
+
+
+def test_pytrees_and_kwargs():
+    out = jaxform.optimize(f)(P, X, scale=2.0)
+    np.testing.assert_allclose(out["y"], f(P, X, scale=2.0)["y"])
+
+
+def test_cache_per_signature():
+    g = jaxform.optimize(f)
+    g(P, X); g(P, X + 1)
+    assert g.cache_size() == 1
+    g(P, jnp.ones((4, 3)))
+    assert g.cache_size() == 2
+
+
+def test_static_args():
+    def h(x, n, mode="sum"):
+        return x * n if mode == "sum" else x - n
+    g = jaxform.optimize(h, static_argnums=1, static_argnames="mode")
+    assert float(g(jnp.float32(2), 3)) == 6.0
+    assert float(g(jnp.float32(2), 3, mode="sub")) == -1.0
+    assert float(jax.jit(g, static_argnums=1, static_argnames="mode")(jnp.float32(2), 4)) == 8.0
+    assert g.cache_size() == 3
+
+
+def test_non_array_argument_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"argument .* of h_str .*is a str.*static"):
+        jaxform.optimize(h_str)(X, "hello")
+
+
+def h_str(x, s):
+    return x
+
+
+def test_unhashable_static_is_a_clear_error():
+    with pytest.raises(TypeError, match="not hashable"):
+        jaxform.optimize(lambda x, s: x, static_argnums=1)(X, [1])
+
+
+def test_compositions():
+    g = jaxform.optimize(f)
+    loss = lambda p, x: f(p, x)["y"].sum()
+    oloss = lambda p, x: g(p, x)["y"].sum()
+    np.testing.assert_allclose(jax.grad(oloss)(P, X)["w"], jax.grad(loss)(P, X)["w"], rtol=1e-6)
+    v, gr = jax.value_and_grad(oloss)(P, X)
+    np.testing.assert_allclose(v, loss(P, X), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(oloss, (None, 0))(P, jnp.stack([X, X])), jnp.stack([loss(P, X)] * 2))
+    np.testing.assert_allclose(jax.jit(jax.grad(oloss))(P, X)["w"], jax.grad(loss)(P, X)["w"], rtol=1e-6)
+
+
+def test_closure_over_outer_tracer_is_not_cached_stale():
+    def outer(w):
+        return jaxform.optimize(lambda x: x * w)(jnp.float32(2.0))
+    assert float(jax.grad(outer)(3.0)) == 2.0
+    assert float(jax.grad(outer)(5.0)) == 2.0
+
+
+def _boom(graph: Graph) -> Graph:
+    raise RuntimeError("kaboom")
+
+
+def _corrupt(graph: Graph) -> Graph:  # emits an ill-typed graph: output replaced by an input of another shape
+    graph.set_output(0, graph.inputs[1])
+    return graph
+
+
+@pytest.mark.parametrize("bad,what", [(_boom, "kaboom"), (_corrupt, "signature changed|Error")])
+def test_failing_pass_is_skipped_with_warning(bad, what):
+    g = jaxform.optimize(f, passes=["cse", bad, "dce"])
+    with pytest.warns(UserWarning, match=f"pass '{bad.__name__}' failed on f .*") as rec:
+        out = g(P, X)
+    assert what.split("|")[0] in str(rec[0].message) or "Error" in str(rec[0].message)
+    np.testing.assert_allclose(out["y"], f(P, X)["y"])
+    with pytest.raises(jaxform.PassError, match=bad.__name__):
+        jaxform.optimize(f, passes=[bad], strict=True)(P, X)
+
+
+def test_unknown_pass_name():
+    with pytest.raises(ValueError, match="unknown pass 'csee'.*Did you mean cse"):
+        jaxform.optimize(f, passes=["csee"])
+
+
+def test_exact_filters_reassociating_passes():
+    assert all(p.exact for p in jaxform.optimize(f, exact=True).passes)
+
+
+def test_trace_and_to_function_pytrees():
+    g = jaxform.trace(f, P, X)
+    out = jaxform.to_function(g)(P, X)
+    np.testing.assert_allclose(out["y"], f(P, X)["y"])
+    np.testing.assert_allclose(jax.grad(lambda p: jaxform.to_function(g)(p, X)["y"].sum())(P)["w"],
+                               jax.grad(lambda p: f(p, X)["y"].sum())(P)["w"])
+
+
+def test_cse_dce_inline_do_their_job():
+    def prog(x):
+        a = jnp.sin(x) + jnp.sin(x)
+        unused = jnp.exp(x) * 3
+        return jax.jit(lambda t: t * 2)(a)
+    g = jaxform.trace(prog, X)
+    assert [n.name for n in g.nodes].count("sin") == 2
+    g = jaxform.passes.cse(g)
+    assert [n.name for n in g.nodes].count("sin") == 1
+    g = jaxform.passes.dce(g)
+    assert "exp" not in [n.name for n, _ in g.walk()]
+    g = jaxform.passes.inline(g)
+    assert "jit" not in [n.name for n in g.nodes] and "mul" in [n.name for n in g.nodes]
+    np.testing.assert_allclose(jaxform.to_function(g)(X), prog(X))
+
+
+def test_dce_prunes_unused_scan_outputs_and_inputs():
+    def prog(xs, w):
+        c, (ys, zs) = jax.lax.scan(lambda c, x: (c + x * w.sum(), (jnp.sin(x), jnp.cos(x))), 0.0, xs)
+        return c + ys.sum()
+    from jaxform.testing import assert_pass_ok
+    out = assert_pass_ok("dce", prog, jnp.arange(4.0), jnp.ones(2))
+    scan = [e for e in out.eqns if e.primitive.name == "scan"][0]
+    assert len(scan.outvars) == 2 and "cos" not in str(scan)
