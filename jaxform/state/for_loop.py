@@ -184,8 +184,9 @@ def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
         out_c, out_y = _scan_types(f, init_tree, init_leaves, x_structs)
     _check_carry(f, init_tree, init_leaves, out_c)
     y_leaves, y_tree = jax.tree_util.tree_flatten(out_y)
-    ys0 = [lax.full((n, *y.shape), 0, y.dtype) if not y.weak_type else lax.full((n, *y.shape), jnp.zeros((), y.dtype).item())
-           for y in y_leaves]
+    ys0 = [jnp.zeros((n, *y.shape), y.dtype) for y in y_leaves]
+    if n == 0:  # nothing to index: the body is never run
+        return init_tree.unflatten(init_leaves), y_tree.unflatten(ys0)
 
     def body(i, refs):
         carry_refs, ys_refs = refs
