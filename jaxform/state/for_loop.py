@@ -36,6 +36,7 @@ class StateError(ValueError, TypeError):
 # ---------------------------------------------------------------- error reporting
 
 _JAX_DIRS = (os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__))
+_STATE_DIR = os.path.join(_JAX_DIRS[0], "_src", "state")
 _OWN_DIR = os.path.dirname(__file__)
 _SKIP = (*_JAX_DIRS, _OWN_DIR)
 
@@ -56,15 +57,15 @@ def _where(fn: Callable) -> str:
 
 
 def _call_body(fn: Callable, what: str, *args):
-    """Call a user body; JAX's ValueError/TypeError from it is re-raised naming the user's line."""
+    """Call a user body; a ref misuse JAX reports in it is re-raised naming the user's line."""
     try:
         return fn(*args)
     except StateError:
         raise
     except (ValueError, TypeError) as e:
         frames = traceback.extract_tb(e.__traceback__)
-        if not frames or not frames[-1].filename.startswith(_JAX_DIRS):
-            raise  # the user's own exception: leave it alone
+        if not any(f.filename.startswith(_STATE_DIR) for f in frames):
+            raise  # not a ref misuse (e.g. the user's own exception): leave it alone
         f = _user_frame(e.__traceback__)
         at = f"{f.filename}:{f.lineno} in {f.name}: `{(f.line or '').strip()}`" if f else _where(fn)
         raise StateError(f"{what} {_where(fn)} failed at {at}:\n  {type(e).__name__}: {e}\n"
