@@ -80,23 +80,26 @@ def _shape_struct(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
 
 
-def _discharged_body(body: Callable, tree, structs, n_for_err: Any):
-    """Trace `body(i, refs)` and discharge it.
+def _discharged_body(body: Callable, tree, structs, x_structs, y_structs):
+    """Trace `body(i, refs, x_slices, y_refs)` (the last two only if streaming) and discharge it.
 
-    Returns (fn, consts, ref_mask): `fn(*consts, i, *vals) -> (*vals, *const_ref_vals)`
+    Returns (fn, consts, ref_mask): `fn(*consts, i, *vals, *x_slices) -> (*vals, *y_slices, *const_ref_vals)`
     is pure; `consts` are what the body closed over and `ref_mask[k]` says
     whether consts[k] is a Ref (its value is threaded through the loop).
     """
-    def stateful(i, *vals):
+    def stateful(i, *args):
+        vals, x_slices = args[:len(structs)], args[len(structs):]
         refs = [jax.new_ref(v) for v in vals]
-        out = _call_body(body, "for_loop body", i, jax.tree_util.tree_unflatten(tree, refs))
+        y_refs = [jax.new_ref(jnp.zeros(y.shape, y.dtype)) for y in y_structs]
+        stream = (x_slices, y_refs) if x_structs or y_structs else ()
+        out = _call_body(body, "for_loop body", i, jax.tree_util.tree_unflatten(tree, refs), *stream)
         if out is not None:
             raise StateError(f"for_loop body {_where(body)} returned a {type(out).__name__}; "
                              "a for_loop body must return None and write its results into the refs "
                              "it receives (e.g. `refs[i] = value`).")
-        return [r[...] for r in refs]
+        return [r[...] for r in [*refs, *y_refs]]
 
-    closed = jax.make_jaxpr(stateful)(jax.ShapeDtypeStruct((), jnp.int32), *structs)
+    closed = jax.make_jaxpr(stateful)(jax.ShapeDtypeStruct((), jnp.int32), *structs, *x_structs)
     jaxpr = closed.jaxpr
     ref_mask = [_jax.is_ref_aval(v.aval) for v in jaxpr.constvars]
     # Closed-over values become leading inputs so that closed-over Refs are
@@ -126,29 +129,52 @@ def for_loop(n: int | jax.Array, body: Callable[[jax.Array, Any], None], init: A
     None. Returns the final values, structured like `init`. A traced `n` runs
     a while loop (forward-mode differentiable only, as with `lax.fori_loop`).
     """
+    return _loop(n, body, init, (), (), reverse, unroll)[0]
+
+
+def _loop(n, body, init, xs: list, y_structs: list, reverse: bool, unroll):
+    """for_loop that also streams: body(i, refs, [x[i] for x in xs], y_refs), and
+    what the body leaves in the one-step `y_refs` is stacked into ys (returned second).
+
+    Streaming is how `scan` reads xs and writes ys: exactly like lax.scan, so
+    reverse mode stacks the xs cotangent and reads the ys cotangent per step.
+    Reading `xs[i]` off a closed-over array instead makes reverse mode add a
+    full-size zero-padded cotangent every iteration (quadratic work), and a
+    preallocated ys buffer is carried and sliced through both passes.
+    """
     leaves, tree = jax.tree_util.tree_flatten(init)
     leaves = [jnp.asarray(x) for x in leaves]
-    fn, consts, ref_mask = _discharged_body(body, tree, [_shape_struct(x) for x in leaves], n)
+    x_structs = [jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in xs]
+    fn, consts, ref_mask = _discharged_body(body, tree, [_shape_struct(x) for x in leaves], x_structs, y_structs)
     ref_consts = [c for c, m in zip(consts, ref_mask) if m]
-    n_vals = len(leaves)
+    n_vals, n_ys = len(leaves), len(y_structs)
 
-    def step(i, carry):
-        vals, ref_vals = carry
+    def run(i, vals, ref_vals, x_slices):
         it = iter(ref_vals)
         args = [next(it) if m else c for c, m in zip(consts, ref_mask)]
-        j = (n - 1 - i) if reverse else i
-        outs = fn(*args, jnp.asarray(j, jnp.int32), *vals)
-        return list(outs[:n_vals]), list(outs[n_vals:])
+        outs = list(fn(*args, i, *vals, *x_slices))
+        return outs[:n_vals], outs[n_vals + n_ys:], outs[n_vals:n_vals + n_ys]
 
     carry0 = (leaves, [r[...] for r in ref_consts])
     try:
         n = operator.index(n)  # static trip count: a scan, reverse-differentiable
-    except TypeError:
-        pass  # traced: a while loop
-    vals, ref_vals = lax.fori_loop(0, n, step, carry0, unroll=unroll)
+    except TypeError:  # traced: a while loop, as lax.fori_loop does
+        if xs or y_structs:
+            raise StateError("jaxform internal error: streamed inputs/outputs need a static trip count.")
+        def wstep(i, carry):
+            j = (n - 1 - i) if reverse else i
+            return run(jnp.asarray(j, jnp.int32), *carry, [])[:2]
+        (vals, ref_vals), ys = lax.fori_loop(0, n, wstep, carry0), []
+    else:
+        def sstep(carry, x_slices):
+            i, vals, ref_vals = carry
+            vals, ref_vals, y_slices = run(i, vals, ref_vals, x_slices)
+            return (i - 1 if reverse else i + 1, vals, ref_vals), y_slices
+        i0 = jnp.int32(n - 1 if reverse else 0)
+        (_, vals, ref_vals), ys = lax.scan(sstep, (i0, *carry0), list(xs), length=n, reverse=reverse, unroll=unroll)
     for r, v in zip(ref_consts, ref_vals):
         r[...] = v
-    return jax.tree_util.tree_unflatten(tree, vals)
+    return jax.tree_util.tree_unflatten(tree, vals), ys
 
 
 # ---------------------------------------------------------------- scan
@@ -157,8 +183,9 @@ def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1) -> tuple[Any, Any]:
     """`lax.scan` with the same semantics, written as a `for_loop` over refs.
 
-    The carry lives in refs, `xs[i]` is read by index, and each `y` is written
-    into a preallocated output ref at index `i`.
+    The carry lives in refs; each step reads its `x` slice and writes its `y`
+    into a one-step output ref that the loop stacks at index `i` (streamed the
+    way lax.scan streams, so grads cost the same as lax.scan's).
     """
     xs_leaves, xs_tree = jax.tree_util.tree_flatten(xs)
     lengths = {int(jnp.shape(x)[0]) if jnp.ndim(x) else None for x in xs_leaves}
@@ -185,21 +212,19 @@ def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
         out_c, out_y = _scan_types(f, init_tree, init_leaves, x_structs)
     _check_carry(f, init_tree, init_leaves, out_c)
     y_leaves, y_tree = jax.tree_util.tree_flatten(out_y)
-    ys0 = [jnp.zeros((n, *y.shape), y.dtype) for y in y_leaves]
-    if n == 0:  # nothing to index: the body is never run
-        return init_tree.unflatten(init_leaves), y_tree.unflatten(ys0)
+    if n == 0:  # the body is never run
+        return init_tree.unflatten(init_leaves), y_tree.unflatten([jnp.zeros((0, *y.shape), y.dtype) for y in y_leaves])
 
-    def body(i, refs):
-        carry_refs, ys_refs = refs
+    def body(i, carry_refs, x_slices, y_refs):
         carry = init_tree.unflatten([r[...] for r in carry_refs])
-        x = xs_tree.unflatten([x[i] for x in xs_leaves])
+        x = xs_tree.unflatten(x_slices)
         new_c, y = f(carry, x)
         for r, c in zip(carry_refs, init_tree.flatten_up_to(new_c)):
             r[...] = lax.convert_element_type(c, r.dtype)
-        for r, v in zip(ys_refs, y_tree.flatten_up_to(y)):
-            r[i] = v
+        for r, v in zip(y_refs, y_tree.flatten_up_to(y)):
+            r[...] = v
 
-    carry, ys = for_loop(n, body, (init_leaves, ys0), reverse=reverse, unroll=unroll)
+    carry, ys = _loop(n, body, init_leaves, xs_leaves, y_leaves, reverse, unroll)
     return init_tree.unflatten(carry), y_tree.unflatten(ys)
 
 
