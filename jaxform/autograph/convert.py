@@ -1,0 +1,457 @@
+"""The AST pass: Python control flow -> calls into `operators` (bound as `ag__`).
+
+Per function, in order:
+  1. item assignment      x[i] = y   ->  x = ag__.setitem(x, i, y)
+  2. jump lowering        break / continue / return -> flag variables; statements after a
+                          possible jump are guarded by `if not flag:`; loops get a stop test
+  3. liveness             (analysis.py) on the lowered body
+  4. control flow         if / for / while -> nested functions + ag__.if_stmt / for_stmt /
+                          while_stmt; written variables become `nonlocal` state
+  5. expressions          and / or / not / chained comparisons / x if c else y (and calls,
+                          when recursive) -> ag__ operators that dispatch at run time
+Every generated node carries the line of the statement it came from and the code is
+compiled under the user's filename, so tracebacks show the user's source lines.
+The new function is rebuilt around the original closure cells, globals and defaults.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import textwrap
+import types
+from typing import Callable
+
+from . import operators
+from .analysis import Liveness, _walk_scope, nested_reads, writes
+from .errors import AutographError
+
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_CACHE: dict = {}
+
+
+def _name(id_: str, store: bool = False) -> ast.Name:
+  return ast.Name(id=id_, ctx=ast.Store() if store else ast.Load())
+
+
+def _ag(attr: str) -> ast.Attribute:
+  return ast.Attribute(value=_name('ag__'), attr=attr, ctx=ast.Load())
+
+
+def _call(attr: str, *args, **kw) -> ast.Call:
+  return ast.Call(func=_ag(attr), args=list(args), keywords=[ast.keyword(arg=k, value=v) for k, v in kw.items()])
+
+
+def _assign(name: str, value: ast.expr) -> ast.Assign:
+  return ast.Assign(targets=[_name(name, True)], value=value)
+
+
+def _with_ctx(e: ast.expr, ctx) -> ast.expr:
+  e = copy.deepcopy(e)
+  e.ctx = ctx
+  return e
+
+
+def _any_flag(flags) -> ast.expr:
+  names = [_name(f) for f in sorted(flags)]
+  return names[0] if len(names) == 1 else ast.BoolOp(op=ast.Or(), values=names)
+
+
+def _const(v) -> ast.expr:
+  if isinstance(v, tuple):
+    return ast.Tuple(elts=[_const(x) for x in v], ctx=ast.Load())
+  return ast.Constant(value=v)
+
+
+def _located(nodes: list, src: ast.AST) -> list:
+  """Give generated nodes the first line of the statement they replace (single-line
+  positions: CPython 3.11 moves method calls to the *end* line of a multi-line span)."""
+  for n in nodes:
+    for m in ast.walk(n):
+      if 'lineno' in m._attributes and getattr(m, 'lineno', None) is None:
+        m.lineno, m.col_offset = src.lineno, src.col_offset
+        m.end_lineno, m.end_col_offset = src.lineno, src.col_offset
+  return nodes
+
+
+# ---- 1. item assignment ------------------------------------------------------------
+
+class _SetItem(ast.NodeTransformer):
+  def _assign(self, target, value):
+    while isinstance(target, ast.Subscript):
+      value = _call('setitem', _with_ctx(target.value, ast.Load()), target.slice, value)
+      target = target.value
+    return ast.Assign(targets=[_with_ctx(target, ast.Store())], value=value)
+
+  def visit_Assign(self, node):
+    self.generic_visit(node)
+    if len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+      return ast.copy_location(self._assign(node.targets[0], node.value), node)
+    return node
+
+  def visit_AugAssign(self, node):
+    self.generic_visit(node)
+    t = node.target
+    if isinstance(t, ast.Subscript):
+      op = {ast.Add: '+', ast.Sub: '-', ast.Mult: '*', ast.Div: '/', ast.FloorDiv: '//', ast.Mod: '%',
+            ast.Pow: '**', ast.MatMult: '@', ast.BitAnd: '&', ast.BitOr: '|', ast.BitXor: '^',
+            ast.LShift: '<<', ast.RShift: '>>'}[type(node.op)]
+      value = _call('setitem_op', _with_ctx(t.value, ast.Load()), t.slice, ast.Constant(op), node.value)
+      return ast.copy_location(self._assign(t.value, value) if isinstance(t.value, ast.Subscript) else
+                               ast.Assign(targets=[_with_ctx(t.value, ast.Store())], value=value), node)
+    return node
+
+
+# ---- 2. jump lowering ----------------------------------------------------------------
+
+class _Lower:
+  """break/continue/return -> flags (TF AutoGraph's scheme), so that every block is left
+  only at its end and loop bodies can become functions."""
+
+  def __init__(self, fresh: Callable[[str], str]):
+    self.fresh, self.ret = fresh, None
+
+  def function(self, fn: ast.FunctionDef) -> tuple[str, str] | None:
+    nested = sum(isinstance(n, ast.Return) for n in _walk_scope(fn)) - sum(isinstance(s, ast.Return) for s in fn.body)
+    if nested:
+      self.ret = (self.fresh('do_return'), self.fresh('retval'))
+    body, _ = self.block(fn.body, None)
+    if self.ret:
+      flag, val = self.ret
+      body = [_assign(flag, ast.Constant(False)), _assign(val, _call('Undefined', ast.Constant(val)))] + body
+      body.append(ast.Return(value=_call('retval', _name(val))))
+    fn.body = _located(body, fn)
+    return self.ret
+
+  def block(self, stmts: list, loop: dict | None) -> tuple[list, set]:
+    out, flags = [], set()
+    for k, s in enumerate(stmts):
+      new, f = self.stmt(s, loop)
+      out += _located(new, s)
+      flags |= f
+      if isinstance(s, (ast.Break, ast.Continue)) or (isinstance(s, ast.Return) and self.ret):
+        break  # the rest of the block is unreachable
+      if f:
+        rest, f2 = self.block(stmts[k + 1:], loop)
+        if rest:
+          out += _located([ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_any_flag(f)), body=rest, orelse=[])], stmts[k + 1])
+        return out, flags | f2
+    return out, flags
+
+  def stmt(self, s: ast.stmt, loop: dict | None) -> tuple[list, set]:
+    if isinstance(s, (ast.Break, ast.Continue)):
+      if loop is None:
+        return [s], set()
+      key = 'brk' if isinstance(s, ast.Break) else 'cont'
+      loop[key] = loop[key] or self.fresh(key)
+      return [_assign(loop[key], ast.Constant(True))], {loop[key]}
+    if isinstance(s, ast.Return) and self.ret:
+      flag, val = self.ret
+      return [_assign(val, s.value or ast.Constant(None)), _assign(flag, ast.Constant(True))], {flag}
+    if isinstance(s, ast.If):
+      s.body, f1 = self.block(s.body, loop)
+      s.orelse, f2 = self.block(s.orelse, loop)
+      s.body = s.body or [ast.Pass()]
+      return [s], f1 | f2
+    if isinstance(s, (ast.With, ast.AsyncWith)):
+      s.body, f = self.block(s.body, loop)
+      return [s], f
+    if isinstance(s, ast.Try):
+      f = set()
+      for attr in ('body', 'orelse', 'finalbody'):
+        b, g = self.block(getattr(s, attr), loop)
+        setattr(s, attr, b if b or attr != 'body' else [ast.Pass()])
+        f |= g
+      for h in s.handlers:
+        h.body, g = self.block(h.body, loop)
+        h.body, f = h.body or [ast.Pass()], f | g
+      return [s], f
+    if isinstance(s, (ast.For, ast.While)):
+      inner = {'brk': None, 'cont': None}
+      body, f = self.block(s.body, inner)
+      if inner['cont']:
+        body = [_assign(inner['cont'], ast.Constant(False))] + body
+      s.body = _located(body, s) or [ast.Pass()]
+      stop = [x for x in (inner['brk'], self.ret and self.ret[0]) if x and (x == inner['brk'] or x in f)]
+      s.ag_stop = stop
+      if stop and isinstance(s, ast.While):
+        s.test = ast.BoolOp(op=ast.And(), values=[ast.UnaryOp(op=ast.Not(), operand=_any_flag(stop)), s.test])
+      pre = [_assign(inner['brk'], ast.Constant(False))] if inner['brk'] else []
+      post = []
+      if s.orelse:
+        orelse, f3 = self.block(s.orelse, loop)
+        f |= f3
+        post = [ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_any_flag(stop)), body=orelse, orelse=[])] if stop else orelse
+        s.orelse = []
+      return pre + [s] + post, f - {inner['brk'], inner['cont']}
+    return [s], set()
+
+
+# ---- 4. control flow -------------------------------------------------------------------
+
+class _Scope:
+  def __init__(self, fn, live: Liveness, ret, generator: bool):
+    self.fn, self.live, self.ret, self.generator = fn, live, ret, generator
+    decl = [n for n in _walk_scope(fn) if isinstance(n, (ast.Global, ast.Nonlocal))]
+    self.globals = {x for n in decl if isinstance(n, ast.Global) for x in n.names}
+    self.nonlocals = {x for n in decl if isinstance(n, ast.Nonlocal) for x in n.names}
+    self.state: set[str] = set()
+
+
+def _contains(s: ast.AST, types_) -> bool:
+  return any(isinstance(n, types_) for n in _walk_scope(s))
+
+
+class _Converter:
+  def __init__(self, filename: str, recursive: bool, static_range: str):
+    self.filename, self.recursive, self.lax_range = filename, recursive, static_range == 'lax'
+    self.count, self.scopes = 0, []
+
+  def fresh(self, base: str) -> str:
+    self.count += 1
+    return f'{base}__{self.count}'
+
+  def function(self, fn: ast.FunctionDef):
+    generator = _contains(ast.Module(body=fn.body, type_ignores=[]), (ast.Yield, ast.YieldFrom)) or \
+        isinstance(fn, ast.AsyncFunctionDef)
+    ret = None if generator else _Lower(self.fresh).function(fn)
+    live = Liveness(nested_reads(fn))
+    live.run(fn.body)
+    scope = _Scope(fn, live, ret, generator)
+    self.scopes.append(scope)
+    body = self.block(fn.body, False)
+    self.scopes.pop()
+    a = fn.args
+    params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs} | {x.arg for x in (a.vararg, a.kwarg) if x}
+    init = sorted(scope.state - params - scope.globals - scope.nonlocals)
+    fn.body = _located([_assign(n, _call('Undefined', ast.Constant(n))) for n in init], fn) + body
+
+  def block(self, stmts: list, in_try: bool) -> list:
+    return [x for s in stmts for x in self.stmt(s, in_try)]
+
+  def stmt(self, s: ast.stmt, in_try: bool) -> list:
+    if isinstance(s, _FUNCS):
+      self.function(s)
+    elif isinstance(s, ast.ClassDef):
+      for m in s.body:
+        if isinstance(m, _FUNCS):
+          self.function(m)
+    elif isinstance(s, ast.Try):
+      s.body = self.block(s.body, True)
+      for h in s.handlers:
+        h.body = self.block(h.body, True)
+      s.orelse, s.finalbody = self.block(s.orelse, True), self.block(s.finalbody, True)
+    elif isinstance(s, (ast.With, ast.AsyncWith)):
+      s.body = self.block(s.body, in_try)
+    elif isinstance(s, (ast.If, ast.For, ast.While)):
+      scope = self.scopes[-1]
+      flags = tuple(f for f, c in (('try', in_try), ('yield', scope.generator),
+                                   ('contains-try', _contains(s, (ast.Try, ast.Await))),
+                                   ('raise', _contains(s, ast.Raise))) if c)
+      if set(flags) & {'try', 'yield', 'contains-try'}:
+        return self.kept(s, flags, in_try)
+      return _located(self.convert(s, flags), s)
+    return [s]
+
+  def info(self, s, flags, names=(), live=(), head=(), entry=()) -> ast.expr:
+    kind = {ast.If: 'if', ast.For: 'for', ast.While: 'while'}[type(s)]
+    zero_ok = (self.scopes[-1].ret[1],) if self.scopes[-1].ret else ()
+    return _const((kind, self.filename, s.lineno, tuple(names), tuple(live), tuple(head), tuple(entry), flags, zero_ok))
+
+  def iter_expr(self, e: ast.expr) -> ast.expr:
+    """range/enumerate/zip in a `for` header -> ag__ versions that see traced arguments."""
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and not any(isinstance(a, ast.Starred) for a in e.args):
+      f = e.func.id
+      if f == 'range' and not e.keywords:
+        kw = {'lax_': ast.Constant(True)} if self.lax_range else {}
+        return ast.copy_location(_call('range_', e.func, *e.args, **kw), e)
+      if f == 'enumerate' and e.args:
+        start = e.args[1:] or [k.value for k in e.keywords if k.arg == 'start']
+        return ast.copy_location(_call('enumerate_', e.func, self.iter_expr(e.args[0]), *start), e)
+      if f == 'zip' and not e.keywords:
+        return ast.copy_location(_call('zip_', e.func, *map(self.iter_expr, e.args)), e)
+    return e
+
+  def kept(self, s, flags, in_try) -> list:
+    """A statement that must stay Python: its test is checked to be static at run time."""
+    info = self.info(s, flags)
+    if isinstance(s, ast.For):
+      s.iter = _call('static_iter', self.iter_expr(s.iter), info)
+      s.body = self.block(s.body, in_try)
+      if getattr(s, 'ag_stop', None):
+        s.body.append(ast.If(test=_call('static_test', _any_flag(s.ag_stop), info), body=[ast.Break()], orelse=[]))
+    else:
+      s.test = _call('static_test', s.test, info)
+      s.body = self.block(s.body, in_try)
+      s.orelse = self.block(s.orelse, in_try)
+    return [_located([s], s)[0]]
+
+  def _def(self, name: str, args: list, names: list, body: list) -> ast.FunctionDef:
+    scope = self.scopes[-1]
+    decl = ([ast.Nonlocal(names=[n for n in names if n not in scope.globals])]
+            if [n for n in names if n not in scope.globals] else [])
+    glob = sorted(scope.globals)
+    decl += [ast.Global(names=glob)] if glob else []
+    return ast.FunctionDef(name=name, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in args],
+                                                         vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+                           body=decl + (body or [ast.Pass()]), decorator_list=[], returns=None)
+
+  def _state_fns(self, k: int, names: list) -> list:
+    tup = lambda store: ast.Tuple(elts=[_name(n, store) for n in names], ctx=ast.Store() if store else ast.Load())
+    get = self._def(f'get_state__{k}', [], [], [ast.Return(value=tup(False))])
+    body = [ast.Assign(targets=[tup(True)], value=_name('vals__'))] if names else []
+    return [get, self._def(f'set_state__{k}', ['vals__'], names, body)]
+
+  def convert(self, s, flags) -> list:
+    scope, lv = self.scopes[-1], self.scopes[-1].live
+    names = sorted(writes(s) - scope.globals)
+    scope.state |= set(names)
+    live = [n for n in names if n in lv.live_out[id(s)]]
+    k = self.count = self.count + 1
+    if isinstance(s, ast.If):
+      body, orelse = self.block(s.body, False), self.block(s.orelse, False)
+      defs = [self._def(f'if_body__{k}', [], names, body), self._def(f'else_body__{k}', [], names, orelse)]
+      call = _call('if_stmt', s.test, _name(f'if_body__{k}'), _name(f'else_body__{k}'), _name(f'get_state__{k}'),
+                   _name(f'set_state__{k}'), self.info(s, flags, names, live))
+      return defs + self._state_fns(k, names) + [ast.Expr(value=call)]
+    head = [n for n in names if n in lv.live_head[id(s)]]
+    entry = [n for n in names if n in lv.live_entry[id(s)]]
+    info = self.info(s, flags, names, live, head, entry)
+    body = self.block(s.body, False)
+    if isinstance(s, ast.While):
+      defs = [self._def(f'loop_test__{k}', [], [], [ast.Return(value=s.test)]),
+              self._def(f'loop_body__{k}', [], names, body)]
+      call = _call('while_stmt', _name(f'loop_test__{k}'), _name(f'loop_body__{k}'), _name(f'get_state__{k}'),
+                   _name(f'set_state__{k}'), info)
+      return defs + self._state_fns(k, names) + [ast.Expr(value=call)]
+    target = ast.Assign(targets=[s.target], value=_name('itr__'))
+    defs = [self._def(f'loop_body__{k}', ['itr__'], names, [target] + body)]
+    extra = ast.Constant(None)
+    if s.ag_stop:
+      defs.append(self._def(f'extra_test__{k}', [], [], [ast.Return(value=ast.UnaryOp(op=ast.Not(), operand=_any_flag(s.ag_stop)))]))
+      extra = _name(f'extra_test__{k}')
+    call = _call('for_stmt', self.iter_expr(s.iter), extra, _name(f'loop_body__{k}'), _name(f'get_state__{k}'),
+                 _name(f'set_state__{k}'), info)
+    return defs + self._state_fns(k, names) + [ast.Expr(value=call)]
+
+
+# ---- 5. expressions ------------------------------------------------------------------
+
+class _Exprs(ast.NodeTransformer):
+  def __init__(self, recursive: bool, opts: tuple):
+    self.recursive, self.opts = recursive, opts
+
+  def visit_BoolOp(self, node):
+    self.generic_visit(node)
+    if any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+      return node
+    fn = 'and_' if isinstance(node.op, ast.And) else 'or_'
+    lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],
+                                                  kw_defaults=[], kwarg=None, defaults=[]), body=e)
+    out = node.values[-1]
+    for v in reversed(node.values[:-1]):
+      out = _call(fn, lam(v), lam(out))
+    return ast.copy_location(out, node)
+
+  def visit_UnaryOp(self, node):
+    self.generic_visit(node)
+    return ast.copy_location(_call('not_', node.operand), node) if isinstance(node.op, ast.Not) else node
+
+  def visit_Compare(self, node):
+    if len(node.ops) == 1 or any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+      return self.generic_visit(node)
+    vals = [node.left] + node.comparators
+    parts = [ast.Compare(left=copy.deepcopy(vals[i]), ops=[op], comparators=[copy.deepcopy(vals[i + 1])])
+             for i, op in enumerate(node.ops)]
+    return self.visit(ast.copy_location(ast.BoolOp(op=ast.And(), values=parts), node))
+
+  def visit_IfExp(self, node):
+    self.generic_visit(node)
+    lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],
+                                                  kw_defaults=[], kwarg=None, defaults=[]), body=e)
+    return ast.copy_location(_call('if_exp', node.test, lam(node.body), lam(node.orelse)), node)
+
+  def visit_Call(self, node):
+    self.generic_visit(node)
+    f = node.func
+    if not self.recursive or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == 'ag__') \
+        or (isinstance(f, ast.Name) and f.id == 'super'):
+      return node
+    return ast.copy_location(ast.Call(func=_ag('call'), args=[_const(self.opts), f] + node.args,
+                                      keywords=node.keywords), node)
+
+
+# ---- entry point -----------------------------------------------------------------------
+
+def _parse(fn: types.FunctionType) -> ast.FunctionDef:
+  try:
+    src = textwrap.dedent(inspect.getsource(fn))
+  except (OSError, TypeError) as e:
+    raise AutographError(f"cannot read the source of {fn.__qualname__} ({e}); autograph needs the "
+                         f"function's source file: define it in a .py file, not in a REPL/exec string") from e
+  first = fn.__code__.co_firstlineno
+  if fn.__name__ == '<lambda>':
+    try:
+      tree = ast.parse(src)
+    except SyntaxError:
+      tree = ast.parse('(' + src.strip().rstrip(',') + ')') if src.strip() else None
+    argnames = list(fn.__code__.co_varnames[:fn.__code__.co_argcount])
+    lams = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and [a.arg for a in n.args.args] == argnames]
+    if len(lams) != 1:
+      raise AutographError(f'cannot locate the source of lambda at {fn.__code__.co_filename}:{first} '
+                           f'(found {len(lams)} candidates); use a def function')
+    lam = lams[0]
+    node = ast.FunctionDef(name='<lambda>', args=lam.args, body=[ast.Return(value=lam.body)], decorator_list=[],
+                           returns=None)
+    ast.copy_location(node, lam)
+    ast.copy_location(node.body[0], lam.body)
+    node = ast.fix_missing_locations(node)
+  else:
+    node = ast.parse(src).body[0]
+    if not isinstance(node, _FUNCS) or node.name != fn.__code__.co_name:
+      raise AutographError(f'cannot locate the source of {fn.__qualname__} at {fn.__code__.co_filename}:{first}')
+  ast.increment_lineno(node, first - 1)
+  node.decorator_list = []
+  return node
+
+
+def convert(fn: types.FunctionType, recursive: bool = False, static_range: str = 'python',
+            strict: bool = True) -> types.FunctionType | None:
+  """Returns the converted function (cached per code object and options). With
+  strict=False (used for functions reached through recursive calls) a function whose
+  source cannot be read is returned as None instead of raising."""
+  if static_range not in ('python', 'lax'):
+    raise ValueError("static_range must be 'python' or 'lax'")
+  key = (fn.__code__, recursive, static_range)
+  code = _CACHE.get(key)
+  if code is None:
+    try:
+      node = _parse(fn)
+    except AutographError:
+      if strict:
+        raise
+      return None
+    filename = fn.__code__.co_filename
+    _SetItem().visit(node)
+    cv = _Converter(filename, recursive, static_range)
+    cv.function(node)
+    _Exprs(recursive, (recursive, static_range)).visit(node)
+    free = list(fn.__code__.co_freevars)
+    factory = ast.FunctionDef(
+        name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__'] + free],
+                                               vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+        body=[node, ast.Return(value=_name(node.name))], decorator_list=[], returns=None)
+    mod = ast.Module(body=[_located([factory], node)[0]], type_ignores=[])
+    ast.fix_missing_locations(mod)
+    outer = compile(mod, filename, 'exec')
+    fcode = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    code = _CACHE[key] = next(c for c in fcode.co_consts if isinstance(c, types.CodeType) and c.co_name == node.name)
+  cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+  closure = tuple(types.CellType(operators) if n == 'ag__' else cells[n] for n in code.co_freevars)
+  new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+  new.__kwdefaults__ = fn.__kwdefaults__
+  new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+  new.__annotations__ = dict(getattr(fn, '__annotations__', {}))
+  new.__dict__.update(fn.__dict__)
+  new.__wrapped__, new.__autograph__ = fn, True
+  return new

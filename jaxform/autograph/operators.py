@@ -1,0 +1,606 @@
+"""Runtime operators the converted code calls (imported there as `ag__`).
+
+Dispatch happens at run time, like TensorFlow AutoGraph: an `if` whose predicate is a
+Python value (or a concrete array) runs as plain Python; a traced predicate becomes
+`lax.cond`. Loops likewise become `lax.scan` / `lax.while_loop` only when the iterable
+or loop test is traced. The variables a statement may change are reached through
+`get_state()` / `set_state(values)` closures (the converter makes them `nonlocal`);
+the static `info` record says which of them are live afterwards, so only those are
+branch outputs / loop carries.
+
+A branch or loop body is first traced abstractly (`jax.eval_shape`) to learn what it
+produces; that lets us name the offending variable when branches disagree or a loop
+carry changes shape, and fill variables only assigned on the taken path of a `return`.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import operator
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .errors import AutographError, error
+
+
+class Info(NamedTuple):
+  """Static facts about one converted statement (emitted as a constant by convert.py)."""
+  kind: str             # 'if' | 'for' | 'while'
+  file: str
+  line: int
+  names: tuple          # variables the statement may assign
+  live: tuple           # ... of which live after it
+  head: tuple           # ... of which live at the loop head (loops), incl. `live`
+  entry: tuple          # ... of which read in the body before being assigned (loops)
+  flags: tuple          # 'raise', 'try', 'contains-try', 'yield'
+  zero_ok: tuple        # names that may be zero-filled (the lowered return value)
+
+
+# ---- undefined variables ---------------------------------------------------------------
+
+class Undefined:
+  """Value of a local that has not been assigned yet (Python would raise UnboundLocalError)."""
+  __slots__ = ('name',)
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __repr__(self):
+    return f'<undefined {self.name}>'
+
+  def _fail(self, *a, **k):
+    raise AutographError(f"local variable '{self.name}' is used before it is assigned "
+                         f"(it is not assigned on every path that reaches this use)")
+
+  __getattr__ = __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
+  __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = _fail
+  __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __array__ = __jax_array__ = _fail
+
+
+jax.tree_util.register_pytree_node(Undefined, lambda u: ((), u.name), lambda name, _: Undefined(name))
+
+
+def retval(v):
+  """Value of the lowered return variable at the end of the function."""
+  return None if isinstance(v, Undefined) else v
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+def is_traced(x) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def _is_dyn(leaf) -> bool:
+  return isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+
+
+def _aval(x):
+  return x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+
+
+def _same_static(a, b) -> bool:
+  if a is b:
+    return True
+  try:
+    return type(a) is type(b) and bool(a == b)
+  except Exception:
+    return False
+
+
+def _pred(p, info: Info):
+  p = jnp.asarray(p)
+  if p.shape != ():
+    raise error(info, f'the condition of this `{info.kind}` is a traced array of shape {p.shape}, '
+                      f'not a scalar', 'reduce it with jnp.any(...) / jnp.all(...), or use '
+                      'jnp.where(cond, a, b) for an elementwise choice')
+  return p if p.dtype == jnp.bool_ else p != 0
+
+
+def _trace(fn: Callable, state: tuple, extra=()):
+  """Abstractly run fn(state, *extra) -> state. Returns the output state with array
+  leaves as ShapeDtypeStruct and non-array leaves as they are."""
+  leaves, tree = jax.tree_util.tree_flatten(state)
+  dyn = [i for i, l in enumerate(leaves) if _is_dyn(l)]
+  box = {}
+
+  def f(dyn_vals, extra):
+    ls = list(leaves)
+    for i, v in zip(dyn, dyn_vals):
+      ls[i] = v
+    out_leaves, box['tree'] = jax.tree_util.tree_flatten(fn(jax.tree_util.tree_unflatten(tree, ls), *extra))
+    box['static'] = [None if _is_dyn(l) else l for l in out_leaves]
+    return [l for l in out_leaves if _is_dyn(l)]
+
+  avals = iter(jax.eval_shape(f, [leaves[i] for i in dyn], extra))
+  out = [next(avals) if s is None else s for s in box['static']]
+  return jax.tree_util.tree_unflatten(box['tree'], out)
+
+
+def _describe(leaf) -> str:
+  if _is_dyn(leaf) or isinstance(leaf, jax.ShapeDtypeStruct):
+    return str(_aval(leaf)).replace('~', 'weak ')
+  return repr(leaf)
+
+
+def _run(fn, info: Info, *args):
+  """Run a traced branch / body; a `raise` reached while tracing is a user error to teach."""
+  try:
+    return fn(*args)
+  except AutographError:
+    raise
+  except Exception as e:
+    if 'raise' in info.flags:
+      raise error(info, f'a `raise` inside this `{info.kind}` ran while tracing it on a traced '
+                        f'condition ({type(e).__name__}: {e})', 'move the check out of the traced '
+                        'control flow, or use jax.experimental.checkify.check') from e
+    raise
+
+
+# ---- if ------------------------------------------------------------------------------
+
+def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_state: Callable, info: tuple):
+  if not is_traced(pred):
+    return body() if pred else orelse()
+  info = Info(*info)
+  p = _pred(pred, info)
+  init = get_state()
+
+  def run(fn):
+    def g(state):
+      set_state(state)
+      _run(fn, info)
+      return get_state()
+    return g
+
+  try:
+    outs = [_trace(run(fn), init) for fn in (body, orelse)]
+  finally:
+    set_state(init)
+  plan = {}  # name index -> (treedef, [static value | dtype])
+  for i, name in enumerate(info.names):
+    a, b = outs[0][i], outs[1][i]
+    ua, ub = isinstance(a, Undefined), isinstance(b, Undefined)
+    if name not in info.live or (ua and ub):
+      continue
+    if ua or ub:
+      if name not in info.zero_ok:
+        raise error(info, f"variable '{name}' is assigned only in the {'else' if ua else 'if'} branch of "
+                          f"this `if` on a traced condition, but it is used after the `if`",
+                    f"assign '{name}' before the `if` or in both branches (with the same shape and dtype)")
+      a = b if ua else a
+      b = a
+    ta, tb = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    what = 'return value' if name in info.zero_ok else f"variable '{name}'"
+    if ta != tb:
+      raise error(info, f'{what} has a different structure in the two branches of this `if` on a '
+                        f'traced condition: {ta} vs {tb}', 'make both branches produce the same kind of value')
+    spec = []
+    for x, y in zip(la, lb):
+      dx, dy = isinstance(x, jax.ShapeDtypeStruct), isinstance(y, jax.ShapeDtypeStruct)
+      if not dx and not dy and _same_static(x, y):
+        spec.append(('s', x))
+      elif dx and dy and x.shape == y.shape:
+        spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_aval(x), _aval(y)))))
+      else:
+        raise error(info, f'{what} is {_describe(x)} in the if branch but {_describe(y)} in the else '
+                          f'branch of this `if` on a traced condition',
+                    'make both branches give it the same shape (dtypes may differ only by promotion)')
+    plan[i] = (ta, spec)
+
+  def branch(fn):
+    def g():
+      set_state(init)
+      _run(fn, info)
+      st, res = get_state(), []
+      for i, (_, spec) in plan.items():
+        leaves = [None] * len(spec) if isinstance(st[i], Undefined) else jax.tree_util.tree_leaves(st[i])
+        res += [jnp.zeros(*sd) if v is None else jnp.asarray(v, sd[1]) for v, (k, sd) in zip(leaves, spec) if k == 'd']
+      return res
+    return g
+
+  try:
+    res = iter(lax.cond(p, branch(body), branch(orelse)))
+  finally:
+    set_state(init)
+  final = list(init)
+  for i, (tree, spec) in plan.items():
+    final[i] = jax.tree_util.tree_unflatten(tree, [next(res) if k == 'd' else v for k, v in spec])
+  for i, name in enumerate(info.names):
+    if i not in plan:
+      final[i] = init[i] if name not in info.live else Undefined(name)
+  set_state(tuple(final))
+
+
+def if_exp(pred, a: Callable, b: Callable):
+  """`a() if pred else b()`; traced pred -> lax.cond with dtype promotion between the arms."""
+  if not is_traced(pred):
+    return a() if pred else b()
+  p = _pred(pred, Info('if', '<expression>', 0, (), (), (), (), (), ()))
+  ta, tb = jax.eval_shape(a), jax.eval_shape(b)
+  dt = jax.tree_util.tree_map(lambda x, y: jnp.result_type(_aval(x), _aval(y)), ta, tb)
+  cast = lambda f: lambda: jax.tree_util.tree_map(lambda v, d: jnp.asarray(v, d), f(), dt)
+  return lax.cond(p, cast(a), cast(b))
+
+
+# ---- loops ---------------------------------------------------------------------------
+
+def _noop():
+  pass
+
+
+def _loop_plan(info: Info, init: tuple, step: Callable, extra):
+  """Which variables a traced loop carries, with initial values; checks the carry keeps
+  its structure, shape and dtype (weakly typed Python scalars are promoted once)."""
+  state = list(init)
+  carried = [i for i, n in enumerate(info.names) if n in info.head]
+  for _ in range(4):
+    out = _trace(step, tuple(state), extra)
+    changed, keep = False, []
+    for i in carried:
+      name, a, b = info.names[i], state[i], out[i]
+      if isinstance(a, Undefined):
+        if isinstance(b, Undefined):
+          continue
+        if name in info.entry:
+          raise error(info, f"variable '{name}' is read in this traced `{info.kind}` loop before it is "
+                            f"assigned, and it is not defined before the loop",
+                      f"initialize '{name}' before the loop (with the shape and dtype it has in the loop)")
+        state[i] = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, b)
+        changed = True
+        keep.append(i)
+        continue
+      ta, tb = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
+      if ta != tb:
+        raise error(info, f"loop-carried variable '{name}' changes structure in this traced "
+                          f"`{info.kind}` loop: {ta} before, {tb} after one iteration",
+                    f"keep '{name}' the same kind of value in every iteration")
+      la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+      new = []
+      for x, y in zip(la, lb):
+        if not _is_dyn(x):
+          if isinstance(y, jax.ShapeDtypeStruct) or not _same_static(x, y):
+            raise error(info, f"loop-carried variable '{name}' is {_describe(x)} before this traced "
+                              f"`{info.kind}` loop but becomes {_describe(y)}",
+                        f"make '{name}' an array before the loop or keep it constant in the loop")
+          new.append(x)
+          continue
+        ax = _aval(x)
+        if ax.shape != y.shape or (ax.dtype != y.dtype and not ax.weak_type):
+          raise error(info, f"loop-carried variable '{name}' has type {_describe(x)} before this traced "
+                            f"`{info.kind}` loop but {_describe(y)} after one iteration",
+                      f"keep the shape and dtype of '{name}' fixed: pre-allocate it at its final size "
+                      f"(e.g. jnp.zeros(...)) or cast it before the loop (.astype(...))")
+        if ax.dtype != y.dtype:
+          x, changed = jnp.asarray(x, y.dtype), True
+        new.append(x)
+      state[i] = jax.tree_util.tree_unflatten(ta, new)
+      keep.append(i)
+    carried = keep
+    if not changed:
+      return state, carried
+  raise error(info, 'the loop carry does not settle on fixed dtypes', 'cast the loop variables before the loop')
+
+
+class _Carry:
+  """Packs the carried variables' array leaves into a flat list for lax and back."""
+
+  def __init__(self, state: list, carried: list):
+    self.base, self.carried = list(state), carried
+    self.trees = {i: jax.tree_util.tree_flatten(state[i]) for i in carried}
+
+  def pack(self, state) -> list:
+    out = []
+    for i in self.carried:
+      leaves, _ = jax.tree_util.tree_flatten(state[i])
+      for v, ref in zip(leaves, self.trees[i][0]):
+        if _is_dyn(ref):
+          out.append(jnp.asarray(v, _aval(ref).dtype))
+    return out
+
+  def unpack(self, flat) -> tuple:
+    st, it = list(self.base), iter(flat)
+    for i in self.carried:
+      leaves, tree = self.trees[i]
+      st[i] = jax.tree_util.tree_unflatten(tree, [next(it) if _is_dyn(l) else l for l in leaves])
+    return tuple(st)
+
+
+def _finish(set_state, info: Info, init: tuple, carry: _Carry, flat):
+  st = list(carry.unpack(flat))
+  for i, name in enumerate(info.names):
+    if i not in carry.carried:
+      st[i] = init[i]
+  set_state(tuple(st))
+
+
+def while_stmt(test: Callable, body: Callable, get_state: Callable, set_state: Callable, info: tuple):
+  while True:
+    t = test()
+    if is_traced(t):
+      return _while_lax(test, body, get_state, set_state, Info(*info))
+    if not t:
+      return
+    body()
+
+
+def _while_lax(test, body, get_state, set_state, info: Info):
+  init = get_state()
+
+  def step(state):
+    set_state(state)
+    _run(body, info)
+    return get_state()
+
+  try:
+    state, carried = _loop_plan(info, init, step, ())
+    carry = _Carry(state, carried)
+
+    def cond_fn(flat):
+      set_state(carry.unpack(flat))
+      return _pred(test(), info)
+
+    def body_fn(flat):
+      return carry.pack(step(carry.unpack(flat)))
+
+    out = lax.while_loop(cond_fn, body_fn, carry.pack(state))
+  except BaseException:
+    set_state(init)
+    raise
+  _finish(set_state, info, init, carry, out)
+
+
+class _Iter:
+  """A loop iterable with a traced part: `length()` iterations, `arrays()` scanned over the
+  leading axis, `item(i, slices)` the loop target at index i."""
+  arrays: list
+
+
+class _ArrayIter(_Iter):
+  def __init__(self, x):
+    self.x, self.arrays = x, [x]
+
+  def length(self):
+    return self.x.shape[0]
+
+  def item(self, i, sl):
+    return sl[0]
+
+
+class _RangeIter(_Iter):
+  def __init__(self, start, stop, step):
+    self.start, self.stop, self.step, self.arrays = start, stop, step, []
+
+  def length(self):
+    if not any(map(is_traced, (self.start, self.stop, self.step))):
+      return len(range(self.start, self.stop, self.step))
+    d, st = jnp.asarray(self.stop) - jnp.asarray(self.start), jnp.asarray(self.step)
+    n = jnp.where(st > 0, (d + st - 1) // st, (d + st + 1) // st)
+    return jnp.maximum(n, 0).astype(jnp.int32)
+
+  def item(self, i, sl):
+    return self.start + i * self.step
+
+
+class _EnumerateIter(_Iter):
+  def __init__(self, inner, start):
+    self.inner, self.start, self.arrays = inner, start, inner.arrays
+
+  def length(self):
+    return self.inner.length()
+
+  def item(self, i, sl):
+    return (self.start + i, self.inner.item(i, sl))
+
+
+class _ZipIter(_Iter):
+  def __init__(self, inners):
+    self.inners = inners
+    self.arrays = [a for it in inners for a in it.arrays]
+
+  def length(self):
+    ns = [it.length() for it in self.inners]
+    return min(ns) if all(isinstance(n, int) for n in ns) else functools.reduce(jnp.minimum, ns)
+
+  def item(self, i, sl):
+    out, k = [], 0
+    for it in self.inners:
+      out.append(it.item(i, sl[k:k + len(it.arrays)]))
+      k += len(it.arrays)
+    return tuple(out)
+
+
+def _as_iter(x):
+  """The traced-iteration view of x, or None when x iterates as plain Python."""
+  if isinstance(x, _Iter):
+    return x
+  if is_traced(x):
+    if x.ndim == 0:
+      raise AutographError('cannot iterate over a 0-d traced array')
+    return _ArrayIter(x)
+  return None
+
+
+def range_(fn, *args, lax_: bool = False):
+  """range(...) in a `for` header: a Python range unless a bound is traced (or the
+  function asked for lax loops over static ranges too)."""
+  if fn is not builtins.range:
+    return fn(*args)
+  if not lax_ and not any(map(is_traced, args)):
+    return range(*(operator.index(a) for a in args))
+  start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+  return _RangeIter(start, stop, step)
+
+
+def enumerate_(fn, it, start=0):
+  inner = _as_iter(it)
+  if fn is not builtins.enumerate or inner is None:
+    return fn(it, start)
+  return _EnumerateIter(inner, start)
+
+
+def zip_(fn, *its):
+  views = [_as_iter(i) for i in its]
+  if fn is not builtins.zip or all(v is None for v in views):
+    return fn(*its)
+  return _ZipIter([v if v is not None else _ArrayIter(jnp.asarray(i)) for v, i in zip(views, its)])
+
+
+def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: Callable,
+             set_state: Callable, info: tuple):
+  it = _as_iter(iterable)
+  info = Info(*info)
+  guard = info._replace(kind='if', live=info.head)
+  if it is None or (isinstance(it, _RangeIter) and not any(map(is_traced, jax.tree_util.tree_leaves(get_state())))
+                    and not any(map(is_traced, (it.start, it.stop)))):
+    for x in (iterable if it is None else range(it.start, it.stop, it.step)):
+      if extra_test is not None:
+        t = extra_test()
+        if is_traced(t):
+          if_stmt(t, functools.partial(body, x), _noop, get_state, set_state, guard)
+          continue
+        if not t:
+          break
+      body(x)
+    return
+  init = get_state()
+  n = it.length()
+  use_scan = isinstance(n, int)
+
+  def step(state, i, sl):
+    set_state(state)
+    x = it.item(i, sl)
+    if extra_test is not None and use_scan:
+      if_stmt(extra_test(), functools.partial(_run, body, info, x), _noop, get_state, set_state, guard)
+    else:
+      _run(body, info, x)
+    return get_state()
+
+  try:
+    i0 = jax.ShapeDtypeStruct((), jnp.int32)
+    sl0 = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in it.arrays]
+    state, carried = _loop_plan(info, init, step, (i0, sl0))
+    carry = _Carry(state, carried)
+    if use_scan:
+      def scan_body(c, sl):
+        i, flat = c
+        return (i + 1, carry.pack(step(carry.unpack(flat), i, sl))), None
+      (_, out), _ = lax.scan(scan_body, (jnp.int32(0), carry.pack(state)), [a[:n] for a in it.arrays], length=n)
+    else:
+      def cond_fn(c):
+        i, flat = c
+        ok = i < n
+        if extra_test is None:
+          return ok
+        set_state(carry.unpack(flat))
+        return ok & _pred(extra_test(), info)
+
+      def body_fn(c):
+        i, flat = c
+        return i + 1, carry.pack(step(carry.unpack(flat), i, [a[i] for a in it.arrays]))
+      _, out = lax.while_loop(cond_fn, body_fn, (jnp.int32(0), carry.pack(state)))
+  except BaseException:
+    set_state(init)
+    raise
+  _finish(set_state, info, init, carry, out)
+
+
+# ---- statements kept as Python (inside try, generators) --------------------------------
+
+def _kept_reason(info: Info) -> tuple[str, str]:
+  if 'yield' in info.flags:
+    return ('it is in a generator (uses `yield`), and a traced loop cannot yield',
+            'collect results in an array instead of yielding, or make the condition static')
+  if 'try' in info.flags:
+    return ('it is inside a `try` block: an exception in a traced branch happens at trace time, '
+            'whatever the condition', 'move the `try` out of the function or make the condition static')
+  return ('it contains a `try` block, which cannot run inside lax control flow',
+          'move the `try` out of this statement or make the condition static')
+
+
+def static_test(x, info: tuple):
+  if is_traced(x):
+    info = Info(*info)
+    why, fix = _kept_reason(info)
+    raise error(info, f'this `{info.kind}` depends on a traced value but cannot be converted: {why}', fix)
+  return x
+
+
+def static_iter(x, info: tuple):
+  if isinstance(x, _Iter) or is_traced(x):
+    info = Info(*info)
+    why, fix = _kept_reason(info)
+    raise error(info, f'this `for` iterates over a traced value but cannot be converted: {why}', fix)
+  return x
+
+
+# ---- expressions ---------------------------------------------------------------------
+
+def and_(a: Callable, b: Callable):
+  x = a()
+  if is_traced(x):
+    return jnp.logical_and(x, b())
+  return b() if x else x
+
+
+def or_(a: Callable, b: Callable):
+  x = a()
+  if is_traced(x):
+    return jnp.logical_or(x, b())
+  return x if x else b()
+
+
+def not_(x):
+  return jnp.logical_not(x) if is_traced(x) else not x
+
+
+_AT = {'+': 'add', '-': 'subtract', '*': 'multiply', '/': 'divide', '**': 'power'}
+_OPS = {'+': operator.add, '-': operator.sub, '*': operator.mul, '/': operator.truediv,
+        '//': operator.floordiv, '%': operator.mod, '**': operator.pow, '@': operator.matmul,
+        '&': operator.and_, '|': operator.or_, '^': operator.xor, '<<': operator.lshift, '>>': operator.rshift}
+_IOPS = {'+': operator.iadd, '-': operator.isub, '*': operator.imul, '/': operator.itruediv,
+         '//': operator.ifloordiv, '%': operator.imod, '**': operator.ipow, '@': operator.imatmul,
+         '&': operator.iand, '|': operator.ior, '^': operator.ixor, '<<': operator.ilshift, '>>': operator.irshift}
+
+
+def setitem(x, idx, v):
+  """x[idx] = v; on a JAX array this is x.at[idx].set(v) and the caller rebinds x."""
+  if isinstance(x, jax.Array):
+    return x.at[idx].set(v)
+  x[idx] = v
+  return x
+
+
+def setitem_op(x, idx, op: str, v):
+  """x[idx] op= v."""
+  if isinstance(x, jax.Array):
+    m = _AT.get(op)
+    return getattr(x.at[idx], m)(v) if m else x.at[idx].set(_OPS[op](x[idx], v))
+  x[idx] = _IOPS[op](x[idx], v)
+  return x
+
+
+_SKIP_MODULES = ('jax', 'jaxlib', 'numpy', 'jaxform', 'builtins', 'functools', 'operator', 'math',
+                 'optax', 'flax', 'equinox', 'scipy', 'collections', 'typing', 'abc')
+
+
+def call(opts: tuple, f, /, *args, **kwargs):
+  """f(*args, **kwargs), converting f first (with the caller's options) when it is a
+  user Python function: autograph(recursive=True)."""
+  from .convert import convert
+  import types
+  mod = (getattr(f, '__module__', None) or '').split('.')[0]
+  if mod in _SKIP_MODULES or getattr(f, '__autograph__', False):
+    return f(*args, **kwargs)
+  if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+    g = convert(f.__func__, *opts, strict=False)
+    return f(*args, **kwargs) if g is None else g(f.__self__, *args, **kwargs)
+  if isinstance(f, types.FunctionType):
+    g = convert(f, *opts, strict=False)
+    return (f if g is None else g)(*args, **kwargs)
+  return f(*args, **kwargs)
