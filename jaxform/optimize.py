@@ -89,9 +89,14 @@ def to_function(graph: Graph) -> Callable:
 
 # ---- verification -------------------------------------------------------------
 
-def verify(closed, like) -> None:
-    """Raise if `closed` is not a well-typed jaxpr with the signature of `like`."""
-    _jax.check_jaxpr(closed)
+def verify(closed, like, *, typecheck: bool = True) -> None:
+    """Raise if `closed` is not a well-typed jaxpr with the signature of `like`.
+
+    typecheck=False skips `check_jaxpr` (re-running every abstract eval costs
+    about twice the trace time) and checks only the signature.
+    """
+    if typecheck:
+        _jax.check_jaxpr(closed)
     same = lambda a, b: len(a) == len(b) and all(x.strip_weak_type() == y.strip_weak_type() for x, y in zip(a, b))
     if not same(closed.in_avals, like.in_avals) or not same(closed.out_avals, like.out_avals):
         raise TypeError(f"signature changed: {closed.in_avals} -> {closed.out_avals}, "
@@ -105,15 +110,18 @@ def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "
     Fast path: all passes run on one Graph and the result is verified once.
     If anything fails, rerun one pass at a time from the last good jaxpr,
     verifying after each, so that only the culprit is skipped.
+    JAXFORM_CHECK=1 verifies after every pass; JAXFORM_CHECK=0 skips
+    `check_jaxpr` on the fast path (the signature is still checked).
     """
     passes = [_passes.get(p) for p in passes]
-    if not strict and on_change is None and not os.environ.get("JAXFORM_CHECK"):
+    check = os.environ.get("JAXFORM_CHECK", "")
+    if not strict and on_change is None and check != "1":
         try:
             g = Graph.from_jaxpr(closed)
             for p in passes:
                 g = p(g)
             out = g.to_jaxpr()
-            verify(out, closed)
+            verify(out, closed, typecheck=check != "0")
             return out
         except Exception:
             pass  # find and skip the culprit below

@@ -6,13 +6,15 @@ compared by their bodies' structure. Exact: results are bit for bit equal.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import Graph, Node
 from . import register
 
 
 def _key(node: Node, name=lambda v: v.id):
     """Hashable identity of what a node computes (TypeError if a param is unhashable)."""
-    ins = tuple(("lit", str(v.aval), repr(v.literal)) if v.is_literal else name(v) for v in node.inputs)
+    ins = tuple(("lit", str(v.aval), np.asarray(v.literal).tobytes()) if v.is_literal else name(v) for v in node.inputs)
     params = tuple(sorted(node.params.items()))
     hash(params)
     return (node.prim, ins, params, tuple(_structure(g) for g in node.subgraphs()))
@@ -26,7 +28,7 @@ def _structure(g: Graph):
     for k, n in enumerate(g.nodes):
         nodes.append(_key(n, lambda v: local.get(v.id, ("free", v.id))))
         local.update((o.id, ("node", k, j)) for j, o in enumerate(n.outputs))
-    outs = tuple(("lit", repr(v.literal)) if v.is_literal else local[v.id] for v in g.outputs)
+    outs = tuple(("lit", str(v.aval), np.asarray(v.literal).tobytes()) if v.is_literal else local[v.id] for v in g.outputs)
     return tuple(nodes), outs
 
 

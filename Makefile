@@ -1,0 +1,20 @@
+# Two commands on a fresh machine with only python3:  make demo  |  make test
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: demo test bench
+demo: $(BIN)/.installed
+	$(BIN)/jaxform demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -n 2 -q
+
+bench: $(BIN)/.installed
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
