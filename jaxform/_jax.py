@@ -157,3 +157,30 @@ def is_unspecified(sharding) -> bool:
     """True for the 'no sharding requested' marker in jit params."""
     from jax._src.sharding_impls import UnspecifiedValue
     return isinstance(sharding, UnspecifiedValue)
+
+
+@functools.cache
+def _optional_params() -> dict[str, dict[str, Any]]:
+    """Params that tracing fills with None when the user asks for nothing (accuracy, shardings).
+
+    Read off jaxprs of representative lax calls, so that nodes built by hand
+    (Graph.add, Builder) need only the params that matter.
+    """
+    import jax.numpy as jnp
+    from jax import lax
+    x, m = jnp.ones((2, 2)), jnp.ones((2, 2), jnp.int32)
+    calls = [lambda: [f(x) for f in (lax.sin, lax.cos, lax.tan, lax.exp, lax.exp2, lax.log, lax.log1p, lax.expm1,
+                                      lax.tanh, lax.logistic, lax.sqrt, lax.rsqrt, lax.cbrt)],
+             lambda: (x.sum(0), x.max(0), x.min(0), x.prod(0), m.sum(0), jnp.argmax(x, 0), x.astype(jnp.int32)),
+             lambda: (lax.broadcast_in_dim(x, (3, 2, 2), (1, 2)), x @ x, x.reshape(4), lax.iota(jnp.int32, 3),
+                      jnp.zeros(3), lax.reduce_precision(x, 5, 10), jnp.cumsum(x, 0))]
+    found: dict[str, dict[str, Any]] = {}
+    for c in calls:
+        for e in jax.make_jaxpr(c)().eqns:
+            found.setdefault(e.primitive.name, {}).update({k: None for k, v in e.params.items() if v is None})
+    return found
+
+
+def complete_params(prim: Primitive, params: dict) -> dict:
+    """`params` plus any optional params (set to None) that `prim` expects but the caller left out."""
+    return {**_optional_params().get(prim.name, {}), **params}

@@ -201,9 +201,9 @@ class Graph:
     def add(self, prim, inputs: Sequence[Value], params: dict | None = None, *,
             regions: dict | None = None, out_avals=None, source_info=None) -> Node:
         """Append a new node; output avals come from abstract evaluation unless given."""
-        params = dict(params or {})
         if isinstance(prim, str):
             prim = _jax.primitive(prim)
+        params = _jax.complete_params(prim, dict(params or {}))
         node = Node(prim, inputs, [], params, regions=regions, source_info=source_info)
         avals, effs = _jax.abstract_eval(prim, [v.aval for v in inputs], node.full_params())
         if out_avals is not None:

@@ -20,6 +20,13 @@ def _fresh(names: dict) -> str:
             return s
 
 
+def _shown(v) -> bool:
+    """Hide params that only say 'nothing requested' (unspecified shardings, empty meshes, None)."""
+    items = v if isinstance(v, tuple) else (v,)
+    return not all(x is None or x is False or type(x).__name__ in ("UnspecifiedValue", "Mesh", "AbstractMesh")
+                   for x in items) or v == ()
+
+
 def _param(v) -> str:
     s = repr(v) if isinstance(v, str) else str(v)
     return s if len(s) < 60 else s[:57] + "..."
@@ -43,7 +50,7 @@ def format_graph(g: Graph, names: dict | None = None, indent: int = 0) -> str:
     ins = " ".join(decl(v) if v.uses else f"{name(v)}:{v.aval.str_short(short_dtypes=True)}" for v in g.inputs)
     lines = [f"{pad}{{ lambda {consts}; {ins}. let"]
     for n in g.nodes:
-        params = " ".join(f"{k}={_param(v)}" for k, v in sorted(n.params.items()) if v is not None)
+        params = " ".join(f"{k}={_param(v)}" for k, v in sorted(n.params.items()) if _shown(v) and v != ())
         head = f"{pad}    {' '.join(decl(o) for o in n.outputs)} = {n.prim.name}"
         args = " ".join(name(v) for v in n.inputs)
         if not n.regions:
