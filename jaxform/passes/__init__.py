@@ -25,6 +25,7 @@ def register(name: str | None = None, *, exact: bool = True):
 from .dce import dce  # noqa: E402
 from .cse import cse  # noqa: E402
 from .inline import inline  # noqa: E402
+from .algebra import algebra, algebra_exact  # noqa: E402
 
 DEFAULT = ["inline", "cse", "dce"]
 
