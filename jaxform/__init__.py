@@ -10,3 +10,4 @@ from .optimize import PassError, optimize, to_function, trace
 from .state import for_loop, scan, discharge
 
 __version__ = "0.1.0"
+from .autograph import autograph, AutographError

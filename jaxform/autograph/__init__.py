@@ -30,6 +30,8 @@ def autograph(fn: Callable | None = None, *, recursive: bool = False, static_ran
     return functools.partial(autograph, recursive=recursive, static_range=static_range)
   if isinstance(fn, types.MethodType):
     return types.MethodType(autograph(fn.__func__, recursive=recursive, static_range=static_range), fn.__self__)
+  if getattr(fn, '__autograph__', False):
+    fn = fn.__wrapped__  # converting again with (maybe) other options starts from the source
   if not isinstance(fn, types.FunctionType):
     raise AutographError(f'autograph converts Python functions; got {type(fn).__name__}. '
                          f'Decorate the function (or the __call__ method) instead')

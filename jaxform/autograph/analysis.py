@@ -15,13 +15,13 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
            ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
-def _walk_scope(node: ast.AST):
-  """ast.walk that does not enter nested scopes (but yields the scope node itself)."""
+def walk_scope(node: ast.AST, enter_root: bool = True):
+  """ast.walk that does not enter nested scopes (but yields the scope nodes themselves)."""
   todo = [node]
   while todo:
     n = todo.pop()
     yield n
-    if n is not node and isinstance(n, _SCOPES):
+    if isinstance(n, _SCOPES) and (n is not node or not enter_root):
       continue
     todo.extend(ast.iter_child_nodes(n))
 
@@ -42,7 +42,7 @@ def writes(stmts: list[ast.stmt] | ast.AST) -> set[str]:
   """Names bound by statements, not looking into nested function/class bodies."""
   out: set[str] = set()
   for s in stmts if isinstance(stmts, list) else [stmts]:
-    for n in _walk_scope(s):
+    for n in walk_scope(s, enter_root=False):
       if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
         out.add(n.id)
       elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -60,7 +60,7 @@ def nested_reads(fn: ast.FunctionDef) -> set[str]:
   """Names read inside nested functions/lambdas of `fn`: a closure may read them at any
   later time, so they count as live everywhere."""
   out: set[str] = set()
-  for n in _walk_scope(fn):
+  for n in walk_scope(fn):
     if n is not fn and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
       out |= reads(n)
   return out

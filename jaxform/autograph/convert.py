@@ -23,7 +23,7 @@ import types
 from typing import Callable
 
 from . import operators
-from .analysis import Liveness, _walk_scope, nested_reads, writes
+from .analysis import Liveness, walk_scope, nested_reads, writes
 from .errors import AutographError
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -108,11 +108,11 @@ class _Lower:
   """break/continue/return -> flags (TF AutoGraph's scheme), so that every block is left
   only at its end and loop bodies can become functions."""
 
-  def __init__(self, fresh: Callable[[str], str]):
-    self.fresh, self.ret = fresh, None
+  def __init__(self, fresh: Callable[[str], str], filename: str):
+    self.fresh, self.ret, self.filename = fresh, None, filename
 
   def function(self, fn: ast.FunctionDef) -> tuple[str, str] | None:
-    nested = sum(isinstance(n, ast.Return) for n in _walk_scope(fn)) - sum(isinstance(s, ast.Return) for s in fn.body)
+    nested = sum(isinstance(n, ast.Return) for n in walk_scope(fn)) - sum(isinstance(s, ast.Return) for s in fn.body)
     if nested:
       self.ret = (self.fresh('do_return'), self.fresh('retval'))
     body, _ = self.block(fn.body, None)
@@ -122,6 +122,12 @@ class _Lower:
       body.append(ast.Return(value=_call('retval', _name(val))))
     fn.body = _located(body, fn)
     return self.ret
+
+  def checked(self, s: ast.Return) -> ast.expr:
+    """Returned values are checked for unassigned locals (Python's UnboundLocalError)."""
+    if s.value is None:
+      return ast.Constant(None)
+    return _call('checked', s.value, ast.Constant(self.filename), ast.Constant(s.lineno))
 
   def block(self, stmts: list, loop: dict | None) -> tuple[list, set]:
     out, flags = [], set()
@@ -147,7 +153,10 @@ class _Lower:
       return [_assign(loop[key], ast.Constant(True))], {loop[key]}
     if isinstance(s, ast.Return) and self.ret:
       flag, val = self.ret
-      return [_assign(val, s.value or ast.Constant(None)), _assign(flag, ast.Constant(True))], {flag}
+      return [_assign(val, self.checked(s)), _assign(flag, ast.Constant(True))], {flag}
+    if isinstance(s, ast.Return) and s.value is not None:
+      s.value = self.checked(s)
+      return [s], set()
     if isinstance(s, ast.If):
       s.body, f1 = self.block(s.body, loop)
       s.orelse, f2 = self.block(s.orelse, loop)
@@ -192,14 +201,14 @@ class _Lower:
 class _Scope:
   def __init__(self, fn, live: Liveness, ret, generator: bool):
     self.fn, self.live, self.ret, self.generator = fn, live, ret, generator
-    decl = [n for n in _walk_scope(fn) if isinstance(n, (ast.Global, ast.Nonlocal))]
+    decl = [n for n in walk_scope(fn) if isinstance(n, (ast.Global, ast.Nonlocal))]
     self.globals = {x for n in decl if isinstance(n, ast.Global) for x in n.names}
     self.nonlocals = {x for n in decl if isinstance(n, ast.Nonlocal) for x in n.names}
     self.state: set[str] = set()
 
 
 def _contains(s: ast.AST, types_) -> bool:
-  return any(isinstance(n, types_) for n in _walk_scope(s))
+  return any(isinstance(n, types_) for n in walk_scope(s))
 
 
 class _Converter:
@@ -214,7 +223,7 @@ class _Converter:
   def function(self, fn: ast.FunctionDef):
     generator = _contains(ast.Module(body=fn.body, type_ignores=[]), (ast.Yield, ast.YieldFrom)) or \
         isinstance(fn, ast.AsyncFunctionDef)
-    ret = None if generator else _Lower(self.fresh).function(fn)
+    ret = None if generator else _Lower(self.fresh, self.filename).function(fn)
     live = Liveness(nested_reads(fn))
     live.run(fn.body)
     scope = _Scope(fn, live, ret, generator)

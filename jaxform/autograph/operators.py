@@ -65,8 +65,20 @@ jax.tree_util.register_pytree_node(Undefined, lambda u: ((), u.name), lambda nam
 
 
 def retval(v):
-  """Value of the lowered return variable at the end of the function."""
+  """Value of the lowered return variable at the end of the function: None when the
+  function fell off its end."""
   return None if isinstance(v, Undefined) else v
+
+
+def checked(v, file: str, line: int):
+  """A returned value must not contain an unassigned local (Python: UnboundLocalError)."""
+  for leaf in jax.tree_util.tree_leaves(v, is_leaf=lambda x: isinstance(x, Undefined)):
+    if isinstance(leaf, Undefined):
+      from .errors import where
+      raise AutographError(f"local variable '{leaf.name}' is returned but was not assigned on the path "
+                           f"taken (Python would raise UnboundLocalError)\n  at {where(file, line)}\n"
+                           f"  fix: assign '{leaf.name}' on every path before this return")
+  return v
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -123,7 +135,8 @@ def _trace(fn: Callable, state: tuple, extra=()):
 
 def _describe(leaf) -> str:
   if _is_dyn(leaf) or isinstance(leaf, jax.ShapeDtypeStruct):
-    return str(_aval(leaf)).replace('~', 'weak ')
+    a = _aval(leaf)
+    return ('weak ' if getattr(a, 'weak_type', False) else '') + f"{a.dtype.name}[{','.join(map(str, a.shape))}]"
   return repr(leaf)
 
 
@@ -239,6 +252,11 @@ def _loop_plan(info: Info, init: tuple, step: Callable, extra):
   its structure, shape and dtype (weakly typed Python scalars are promoted once)."""
   state = list(init)
   carried = [i for i, n in enumerate(info.names) if n in info.head]
+  for i, name in enumerate(info.names):
+    if isinstance(state[i], Undefined) and name in info.entry:
+      raise error(info, f"variable '{name}' is read in this traced `{info.kind}` loop before it is "
+                        f"assigned, and it is not defined before the loop",
+                  f"initialize '{name}' before the loop (with the shape and dtype it has in the loop)")
   for _ in range(4):
     out = _trace(step, tuple(state), extra)
     changed, keep = False, []
@@ -247,10 +265,6 @@ def _loop_plan(info: Info, init: tuple, step: Callable, extra):
       if isinstance(a, Undefined):
         if isinstance(b, Undefined):
           continue
-        if name in info.entry:
-          raise error(info, f"variable '{name}' is read in this traced `{info.kind}` loop before it is "
-                            f"assigned, and it is not defined before the loop",
-                      f"initialize '{name}' before the loop (with the shape and dtype it has in the loop)")
         state[i] = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, b)
         changed = True
         keep.append(i)
