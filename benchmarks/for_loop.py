@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxform.state import for_loop, scan
+import jaxform
 
 T, H, N = 512, 128, 64
 R = np.random.RandomState(0)
@@ -26,11 +26,11 @@ def cell(c, x):
     return c, c.sum()
 
 
-def rnn(scan):
+def rnn(jaxform.scan):
     return lambda c, xs: scan(cell, c, xs)
 
 
-def rnn_grad(scan):
+def rnn_grad(jaxform.scan):
     return jax.grad(lambda c, xs: jnp.sum(scan(cell, c, xs)[1] ** 2), argnums=(0, 1))
 
 
@@ -42,7 +42,7 @@ def rows_ours(m, xs):
         row = jnp.tanh(m_[i - 1] @ W + xs[i])
         m_[i] = row
         acc[...] += row
-    return for_loop(N, body, (m, C0))
+    return jaxform.for_loop(N, body, (m, C0))
 
 
 def rows_ref(m, xs):
@@ -73,8 +73,8 @@ def measure(f, *args, n=200):
 
 def main():
     cases = [
-        ("scan rnn fwd", rnn(scan), rnn(lax.scan), (C0, XS)),
-        ("scan rnn grad", rnn_grad(scan), rnn_grad(lax.scan), (C0, XS)),
+        ("scan rnn fwd", rnn(jaxform.scan), rnn(lax.scan), (C0, XS)),
+        ("scan rnn grad", rnn_grad(jaxform.scan), rnn_grad(lax.scan), (C0, XS)),
         ("for_loop rows fwd", rows_ours, rows_ref, (M0, XS)),
         ("for_loop rows grad", rows_grad(rows_ours), rows_grad(rows_ref), (M0, XS)),
     ]

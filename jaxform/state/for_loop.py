@@ -157,7 +157,7 @@ def _loop(n, body, init, xs: list, y_structs: list, reverse: bool, unroll):
 
     carry0 = (leaves, [r[...] for r in ref_consts])
     try:
-        n = operator.index(n)  # static trip count: a scan, reverse-differentiable
+        n = max(operator.index(n), 0)  # static trip count: a scan, reverse-differentiable
     except TypeError:  # traced: a while loop, as lax.fori_loop does
         if xs or y_structs:
             raise StateError("jaxform internal error: streamed inputs/outputs need a static trip count.")

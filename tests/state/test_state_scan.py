@@ -139,6 +139,23 @@ def test_scan_nested_transforms():
     close(hess(ours), hess(ref))
 
 
+def test_scan_closing_over_a_user_ref():
+    def f(xs):
+        seen = jax.new_ref(jnp.zeros(()))
+        def step(c, x):
+            seen[...] += x
+            return c * x, seen[...]
+        c, ys = scan(step, 1.0, xs)
+        return c, ys, seen[...]
+    xs = arr(5)
+    c, ys, total = jax.jit(f)(xs)
+    np.testing.assert_allclose(ys, np.cumsum(xs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(total, np.sum(xs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c, np.prod(xs), rtol=1e-5)
+    g = jax.grad(lambda xs: f(xs)[2] + f(xs)[1].sum())(xs)
+    np.testing.assert_allclose(g, 1 + np.arange(5, 0, -1), rtol=1e-5)
+
+
 def test_scan_errors():
     with pytest.raises(StateError, match="carry"):
         scan(lambda c, x: (jnp.stack([c, c]), x), 0.0, arr(3))
