@@ -26,11 +26,11 @@ def cell(c, x):
     return c, c.sum()
 
 
-def rnn(jaxform.scan):
+def rnn(scan):
     return lambda c, xs: scan(cell, c, xs)
 
 
-def rnn_grad(jaxform.scan):
+def rnn_grad(scan):
     return jax.grad(lambda c, xs: jnp.sum(scan(cell, c, xs)[1] ** 2), argnums=(0, 1))
 
 
