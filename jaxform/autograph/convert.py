@@ -265,7 +265,9 @@ class _Converter:
   def info(self, s, flags, names=(), live=(), head=(), entry=()) -> ast.expr:
     kind = {ast.If: 'if', ast.For: 'for', ast.While: 'while'}[type(s)]
     zero_ok = (self.scopes[-1].ret[1],) if self.scopes[-1].ret else ()
-    return _const((kind, self.filename, s.lineno, tuple(names), tuple(live), tuple(head), tuple(entry), flags, zero_ok))
+    stop = tuple(getattr(s, 'ag_stop', ()))
+    return _const((kind, self.filename, s.lineno, tuple(names), tuple(live), tuple(head), tuple(entry), flags,
+                   zero_ok, stop))
 
   def iter_expr(self, e: ast.expr) -> ast.expr:
     """range/enumerate/zip in a `for` header -> ag__ versions that see traced arguments."""

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 
 from .errors import AutographError, error
 
@@ -38,6 +39,7 @@ class Info(NamedTuple):
   entry: tuple          # ... of which read in the body before being assigned (loops)
   flags: tuple          # 'raise', 'try', 'contains-try', 'yield'
   zero_ok: tuple        # names that may be zero-filled (the lowered return value)
+  stop: tuple = ()      # the loop's break/return flags: False whenever its body starts
 
 
 # ---- undefined variables ---------------------------------------------------------------
@@ -140,8 +142,13 @@ def _describe(leaf) -> str:
   return repr(leaf)
 
 
-def _run(fn, info: Info, *args):
-  """Run a traced branch / body; a `raise` reached while tracing is a user error to teach."""
+def _run(fn, info: Info, *args, get_state=None, set_state=None):
+  """Run a traced branch / body; a `raise` reached while tracing is a user error to teach.
+  With get/set_state (a loop body): the stop flags are known False when a body starts
+  (the loop test checked them), so they enter as Python False and stay static until set
+  (`brk = True` then becomes a cheap select, not a select of a carried flag)."""
+  if info.stop and set_state is not None:
+    set_state(tuple(False if n in info.stop else v for n, v in zip(info.names, get_state())))
   try:
     return fn(*args)
   except AutographError:
@@ -155,6 +162,15 @@ def _run(fn, info: Info, *args):
 
 
 # ---- if ------------------------------------------------------------------------------
+
+_MOVES = {'convert_element_type', 'broadcast_in_dim', 'copy', 'copy_p', 'reshape', 'squeeze'}
+
+
+def _moves_only(closed) -> bool:
+  """A branch that only moves/casts values (flags, `idx = i`) computes nothing that could
+  be expensive or produce NaN/inf on the untaken side, so both sides may run."""
+  return not closed.effects and all(e.primitive.name in _MOVES for e in closed.jaxpr.eqns)
+
 
 def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_state: Callable, info: tuple):
   if not is_traced(pred):
@@ -218,9 +234,14 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     return g
 
   try:
-    res = iter(lax.cond(p, branch(body), branch(orelse)))
+    jaxprs = [jax.make_jaxpr(branch(fn))() for fn in (body, orelse)]
   finally:
     set_state(init)
+  run_t, run_f = (jaxpr_as_fun(j) for j in jaxprs)
+  if all(_moves_only(j) for j in jaxprs):  # flags / assignments: a select is cheaper and safe
+    res = iter([jnp.where(p, a, b) for a, b in zip(run_t(), run_f())])
+  else:
+    res = iter(lax.cond(p, lambda: run_t(), lambda: run_f()))
   final = list(init)
   for i, (tree, spec) in plan.items():
     final[i] = jax.tree_util.tree_unflatten(tree, [next(res) if k == 'd' else v for k, v in spec])
@@ -348,7 +369,7 @@ def _while_lax(test, body, get_state, set_state, info: Info):
 
   def step(state):
     set_state(state)
-    _run(body, info)
+    _run(body, info, get_state=get_state, set_state=set_state)
     return get_state()
 
   try:
@@ -370,12 +391,15 @@ def _while_lax(test, body, get_state, set_state, info: Info):
 
 
 class _Iter:
-  """A loop iterable with a traced part: `length()` iterations, `arrays()` scanned over the
-  leading axis, `item(i, slices)` the loop target at index i."""
+  """A loop iterable with a traced part: `length()` iterations, `arrays` scanned over the
+  leading axis, `item(i, slices)` the loop target at index i (`indexed`: item uses i)."""
   arrays: list
+  indexed = True
 
 
 class _ArrayIter(_Iter):
+  indexed = False
+
   def __init__(self, x):
     self.x, self.arrays = x, [x]
 
@@ -398,7 +422,8 @@ class _RangeIter(_Iter):
     return jnp.maximum(n, 0).astype(jnp.int32)
 
   def item(self, i, sl):
-    return self.start + i * self.step
+    i = i if isinstance(self.step, int) and self.step == 1 else i * self.step
+    return i if isinstance(self.start, int) and self.start == 0 else self.start + i
 
 
 class _EnumerateIter(_Iter):
@@ -416,6 +441,7 @@ class _ZipIter(_Iter):
   def __init__(self, inners):
     self.inners = inners
     self.arrays = [a for it in inners for a in it.arrays]
+    self.indexed = any(it.indexed for it in inners)
 
   def length(self):
     ns = [it.length() for it in self.inners]
@@ -489,10 +515,11 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
   def step(state, i, sl):
     set_state(state)
     x = it.item(i, sl)
+    run = functools.partial(_run, body, info, x, get_state=get_state, set_state=set_state)
     if extra_test is not None and use_scan:
-      if_stmt(extra_test(), functools.partial(_run, body, info, x), _noop, get_state, set_state, guard)
+      if_stmt(extra_test(), run, _noop, get_state, set_state, guard)
     else:
-      _run(body, info, x)
+      run()
     return get_state()
 
   try:
@@ -500,11 +527,16 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
     sl0 = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in it.arrays]
     state, carried = _loop_plan(info, init, step, (i0, sl0))
     carry = _Carry(state, carried)
-    if use_scan:
+    if use_scan and not it.indexed:  # plain scan over the arrays' leading axis
+      def scan_body(flat, sl):
+        return carry.pack(step(carry.unpack(flat), None, sl)), None
+      out, _ = lax.scan(scan_body, carry.pack(state), [a if a.shape[0] == n else a[:n] for a in it.arrays], length=n)
+    elif use_scan:
       def scan_body(c, sl):
         i, flat = c
         return (i + 1, carry.pack(step(carry.unpack(flat), i, sl))), None
-      (_, out), _ = lax.scan(scan_body, (jnp.int32(0), carry.pack(state)), [a[:n] for a in it.arrays], length=n)
+      xs = [a if a.shape[0] == n else a[:n] for a in it.arrays]
+      (_, out), _ = lax.scan(scan_body, (jnp.int32(0), carry.pack(state)), xs, length=n)
     else:
       def cond_fn(c):
         i, flat = c
