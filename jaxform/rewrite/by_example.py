@@ -6,8 +6,9 @@ The pattern function is traced on example arguments (default: f32[5, 7] each)
 and turned into a Pat: its arguments become named wildcards, its literals
 `Pat.const`s. It is traced a second time with the sizes changed; params that
 differ between the two traces depend on the shapes (broadcast shapes, reshape
-sizes, ...) and are left free, so the rule matches programs of any shape
-wherever the params do not pin it (ranks and reduction axes do). Each match is
+sizes, ...) and are left free (if it cannot be traced at other sizes, all stay pinned), so the rule matches programs of any shape
+wherever the params do not pin it (reduction axes or permutations do). A
+replacement that handles only some shapes returns None for the others. Each match is
 then confirmed exactly: the pattern function is traced on the captured
 values' avals and must give the matched sub-program, params and all, so a
 loose pattern never rewrites something else. The replacement is traced on
@@ -39,7 +40,11 @@ def rule_by_example(pattern_fn: Callable, replacement_fn: Callable, *example_arg
         [jax.ShapeDtypeStruct((5, 7), jnp.float32)] * len(names)
     if len(specs) != len(names):
         raise TypeError(f"jaxform: {_label(pattern_fn)} takes {len(names)} arguments, got {len(specs)} examples")
-    g1, g2 = _graph(pattern_fn, specs), _graph(pattern_fn, [_grown(s) for s in specs])
+    g1 = _graph(pattern_fn, specs)
+    try:
+        g2 = _graph(pattern_fn, [_grown(s) for s in specs])
+    except Exception:   # only traceable at the example sizes: every param stays pinned
+        g2 = g1
     pat = _Deriver(g1, g2, names, pattern_fn).pat(g1.outputs[0], g2.outputs[0])
     if pat.prims is None:
         raise ValueError(f"jaxform: pattern {_label(pattern_fn)} returns one of its inputs or a constant; "
