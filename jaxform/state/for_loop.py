@@ -3,8 +3,8 @@
 The body runs on real `jax.Ref`s while it is traced, so users write
 `ref[i] = v` / `ref[i] += v` exactly as with `jax.new_ref`. The traced body is
 then *discharged* (JAX's own state discharge rules) into a pure function
-`(i, *values) -> values`, and the loop is an ordinary `lax.fori_loop` over
-that function. Why: from the outside a `for_loop` is pure code, so jit, grad
+`(i, *values) -> values`, and the loop is an ordinary `lax.scan` (static n)
+or `lax.fori_loop` (traced n) over that function. Why: from the outside a `for_loop` is pure code, so jit, grad
 (both modes), vmap and their nesting are JAX's well-trodden loop rules instead
 of the younger Ref transformation rules (e.g. `jacfwd` through `jax.new_ref`
 fails in JAX 0.10). Refs the body closes over (an outer loop's refs, or a
