@@ -280,9 +280,10 @@ def _users_above(values: Sequence[Value], depth: int) -> list[Node]:
     for _ in range(max(depth - 1, 1)):
         nxt = []
         for v in frontier:
-            for n in v.users:
-                out.append(n)
-                nxt.extend(n.outputs)
+            for n, _ in v.uses:
+                if n is not None:
+                    out.append(n)
+                    nxt.extend(n.outputs)
         frontier = nxt
     return out
 

@@ -13,7 +13,7 @@ A pattern matches a Value by looking *down* at what produced it:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -95,7 +95,8 @@ class Pat:
     where: a predicate on the matched Value (for anything else).
     commutative: try both operand orders (default: on for add/mul/max/min/and/or/...).
     """
-    __slots__ = ("prims", "src", "name", "params", "dtype", "rank", "shape", "where", "commutative", "value")
+    __slots__ = ("prims", "src", "name", "params", "dtype", "rank", "shape", "where", "commutative", "value",
+                 "_checks_aval", "_src_prims")
 
     def __init__(self, prim=None, *src: "Pat", name: str | None = None,
                  params: dict | Callable[[dict], bool] | None = None, dtype=None, rank=None,
@@ -111,6 +112,8 @@ class Pat:
             commutative = bool(self.prims) and self.prims <= COMMUTATIVE and len(self.src) == 2
         self.commutative = commutative
         self.value = _MISSING
+        self._checks_aval = dtype is not None or rank is not None or shape is not None
+        self._src_prims = tuple(p.prims for p in self.src)
 
     # ---- constructors -------------------------------------------------------------
     @classmethod
@@ -135,16 +138,13 @@ class Pat:
 
     def match(self, v, caps: dict | None = None) -> dict | None:
         """The captures if `v` matches (extending `caps`), else None."""
-        caps = {} if caps is None else caps
         node = v.producer
-        if self.prims is not None and (node is None or node.prim.name not in self.prims):
+        prims = self.prims
+        if prims is not None and (node is None or node.prim.name not in prims):
             return None
-        aval = v.aval
-        if self.dtype is not None and not _dtype_ok(aval.dtype, self.dtype):
-            return None
-        if self.rank is not None and aval.ndim not in self.rank:
-            return None
-        if self.shape is not None and not _shape_ok(aval.shape, self.shape):
+        if caps is None:
+            caps = {}
+        if self._checks_aval and not self._aval_ok(v.aval):
             return None
         if self.value is not _MISSING:
             c = const_value(v)
@@ -154,21 +154,44 @@ class Pat:
             caps = self._match_params(node, caps)
             if caps is None:
                 return None
-        if self.src:
+        src = self.src
+        if src:
             ins = node.inputs
-            if len(ins) != len(self.src):
+            if len(ins) != len(src):
                 return None
-            first = _match_all(self.src, ins, caps)
-            if first is None and self.commutative:
-                first = _match_all(self.src, ins[::-1], caps)
-            if first is None:
-                return None
-            caps = first
+            out = self._match_src(src, ins, caps)
+            if out is None:
+                if not self.commutative:
+                    return None
+                out = self._match_src(src, ins[::-1], caps)
+                if out is None:
+                    return None
+            caps = out
         if self.where is not None and not self.where(v):
             return None
         if self.name is not None:
             caps = _bind(caps, self.name, v)
         return caps
+
+    def _match_src(self, src, ins, caps):
+        # cheap reject on the inputs' producers before recursing
+        for ps, a in zip(self._src_prims, ins):
+            if ps is not None:
+                n = a.producer
+                if n is None or n.prim.name not in ps:
+                    return None
+        for p, a in zip(src, ins):
+            caps = p.match(a, caps)
+            if caps is None:
+                return None
+        return caps
+
+    def _aval_ok(self, aval) -> bool:
+        if self.dtype is not None and not _dtype_ok(aval.dtype, self.dtype):
+            return False
+        if self.rank is not None and aval.ndim not in self.rank:
+            return False
+        return self.shape is None or _shape_ok(aval.shape, self.shape)
 
     def _match_params(self, node, caps):
         params = node.params if node is not None else {}
@@ -221,14 +244,6 @@ class Pat:
             parts.append(f"params={self.params!r}")
         body = ", ".join(parts)
         return head + (", " if body and not head.endswith("(") else "") + body + ")"
-
-
-def _match_all(pats: Iterable[Pat], values, caps):
-    for p, v in zip(pats, values):
-        caps = p.match(v, caps)
-        if caps is None:
-            return None
-    return caps
 
 
 def _eq(a, b) -> bool:

@@ -1,0 +1,108 @@
+"""How the rewrite driver scales: 50 rules over synthetic programs of 1k, 10k and 100k equations.
+
+The program is a random DAG of elementwise ops in which ~10% of the nodes
+are rewrite opportunities (--x, x*1, x+0, log(exp x), log(1+x), x + -y,
+transpose(transpose x)); rewrites expose further ones. The 50 rules are the
+16 `algebra` rules plus 34 deeper rules on the same primitives that almost
+never match, so dispatch has to reject them. Timed: `Rules.apply(graph)` (min
+of N, a fresh Graph each run); also shown: the jaxpr -> Graph -> jaxpr round
+trip around it, for scale. Target: 100k equations < 2 s, 100k/10k ratio <= 12.
+
+    .venv/bin/python benchmarks/rewrite_scaling.py [--sizes 1000 10000 100000] [--reps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxform import Pat, Rules
+from jaxform.ir import Graph
+from jaxform.passes.algebra import RULES as ALGEBRA
+
+
+def program(n_eqns: int, seed: int = 0):
+    """A random elementwise DAG with about `n_eqns` equations, as a ClosedJaxpr."""
+    rnd = random.Random(seed)
+    unary = [lax.sin, lax.cos, lax.tanh, lax.exp, lax.log, lax.neg, lax.abs]
+    binary = [lax.add, lax.mul, lax.sub, lax.max]
+    opportunities = [lambda a, b: -(-a), lambda a, b: a * 1.0, lambda a, b: a + 0.0,
+                     lambda a, b: lax.log(lax.exp(a)), lambda a, b: lax.log(1.0 + a),
+                     lambda a, b: a + (-b), lambda a, b: a.T.T]
+
+    def f(x):
+        vals, count = [x], 0
+        while count < n_eqns:
+            a, b = vals[-1], vals[rnd.randrange(max(0, len(vals) - 20), len(vals))]
+            r = rnd.random()
+            if r < 0.1:
+                vals.append(rnd.choice(opportunities)(a, b))
+                count += 2
+            elif r < 0.55:
+                vals.append(rnd.choice(unary)(a))
+                count += 1
+            else:
+                vals.append(rnd.choice(binary)(a, b))
+                count += 1
+        return vals[-1]
+
+    return jax.make_jaxpr(f)(jnp.ones((4, 4), jnp.float32))
+
+
+def fifty_rules() -> Rules:
+    x, y = Pat.any("x"), Pat.any("y")
+    extra = []
+    unary = ["sin", "cos", "tanh", "exp", "log", "neg", "abs"]
+    for i, (u, v) in enumerate((u, v) for u in unary for v in unary if u != v):
+        if len(extra) == 30:
+            break
+        extra.append((Pat(u, Pat(v, Pat("mul", x, Pat.const(float(i + 3))))), lambda x: x, f"{u}({v}(x*{i + 3}))"))
+    for b in ["add", "mul", "sub", "max"]:
+        extra.append((Pat(b, Pat("sin", x), Pat("cos", x)), lambda x: x, f"{b}(sin x, cos x)"))
+    rules = Rules([*ALGEBRA.rules, *extra], name="bench50")
+    assert len(rules) == 50, len(rules)
+    return rules
+
+
+def bench(size: int, rules: Rules, reps: int):
+    closed = program(size)
+    n = len(closed.jaxpr.eqns)
+    best, best_rt, fired = float("inf"), float("inf"), 0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        g = Graph.from_jaxpr(closed)
+        t1 = time.perf_counter()
+        stats = rules.apply(g)
+        t2 = time.perf_counter()
+        out = g.to_jaxpr()
+        t3 = time.perf_counter()
+        best, best_rt, fired = min(best, t2 - t1), min(best_rt, (t1 - t0) + (t3 - t2)), stats.total
+    return n, len(out.jaxpr.eqns), fired, best, best_rt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    rules = fifty_rules()
+    bench(500, rules, 1)   # warm up (traced replacements are cached per rule)
+    print(f"{'eqns':>8} {'after':>8} {'fired':>7} {'apply s':>9} {'us/eqn':>7} {'round trip s':>13}")
+    times = {}
+    for size in args.sizes:
+        n, after, fired, t, rt = bench(size, rules, args.reps)
+        times[size] = t
+        print(f"{n:8d} {after:8d} {fired:7d} {t:9.3f} {1e6 * t / n:7.2f} {rt:13.3f}")
+    sizes = sorted(times)
+    for a, b in zip(sizes, sizes[1:]):
+        print(f"ratio {b}/{a}: {times[b] / times[a]:.2f} (sizes x{b / a:.0f})")
+    if 100_000 in times:
+        print(f"100k equations: {times[100_000]:.3f} s (target < 2 s)")
+
+
+if __name__ == "__main__":
+    main()
