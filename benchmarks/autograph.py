@@ -144,7 +144,8 @@ def main():
       ('break early exit', first_crossing, first_crossing_lax, (v, 4096, 1000.0)),
       ('setitem loop', prefix_sums, prefix_sums_lax, (v, 4096)),
   ]
-  print(f'{"program":18s} {"autograph":>11s} {"hand lax":>11s} {"ratio":>6s} {"temp ratio":>10s} {"convert":>9s}')
+  print(f'{"program":18s} {"autograph":>11s} {"hand lax":>11s} {"ratio":>6s} {"temp bytes":>12s} '
+        f'{"same jaxpr":>10s} {"convert":>9s}')
   worst_ratio, worst_conv = 0.0, 0.0
   for name, f, hand, args in programs:
     conv = autograph(f)
@@ -154,8 +155,10 @@ def main():
     ms = _conversion_ms(f)
     ratio = t_c / t_h
     worst_ratio, worst_conv = max(worst_ratio, ratio), max(worst_conv, ms)
-    mem = f'{m_c}B/{m_h}B' if min(m_c, m_h) < 65536 else f'{m_c / m_h:.2f}x'
-    print(f'{name:18s} {t_c * 1e6:9.1f}us {t_h * 1e6:9.1f}us {ratio:5.2f}x {mem:>10s} {ms:7.2f}ms')
+    mem = f'{m_c}/{m_h}' if min(m_c, m_h) < 65536 else f'{m_c / m_h:.2f}x'
+    same = str(jax.make_jaxpr(conv)(*args)) == str(jax.make_jaxpr(hand)(*args))
+    print(f'{name:18s} {t_c * 1e6:9.1f}us {t_h * 1e6:9.1f}us {ratio:5.2f}x {mem:>12s} '
+          f'{"yes" if same else "no":>10s} {ms:7.2f}ms')
   print(f'worst runtime ratio {worst_ratio:.3f}x (target <= 1.05x); '
         f'worst conversion {worst_conv:.2f} ms (target <= 20 ms)')
 

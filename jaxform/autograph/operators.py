@@ -135,6 +135,22 @@ def _trace(fn: Callable, state: tuple, extra=()):
   return jax.tree_util.tree_unflatten(box['tree'], out)
 
 
+def _trace_closed(fn: Callable):
+  """Trace fn() -> state once: (output state with array leaves as ShapeDtypeStruct,
+  ClosedJaxpr computing those array leaves)."""
+  box = {}
+
+  def f():
+    out_leaves, box['tree'] = jax.tree_util.tree_flatten(fn())
+    box['static'] = [None if _is_dyn(l) else l for l in out_leaves]
+    return [l for l in out_leaves if _is_dyn(l)]
+
+  closed = jax.make_jaxpr(f)()
+  avals = iter(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals)
+  out = [next(avals) if s is None else s for s in box['static']]
+  return jax.tree_util.tree_unflatten(box['tree'], out), closed
+
+
 def _describe(leaf) -> str:
   if _is_dyn(leaf) or isinstance(leaf, jax.ShapeDtypeStruct):
     a = _aval(leaf)
@@ -179,17 +195,18 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
   p = _pred(pred, info)
   init = get_state()
 
-  def run(fn):
-    def g(state):
-      set_state(state)
+  def traced(fn):  # one trace of the branch: its abstract output state and its jaxpr
+    def g():
+      set_state(init)
       _run(fn, info)
       return get_state()
-    return g
+    return _trace_closed(g)
 
   try:
-    outs = [_trace(run(fn), init) for fn in (body, orelse)]
+    (out_t, jaxpr_t), (out_f, jaxpr_f) = traced(body), traced(orelse)
   finally:
     set_state(init)
+  outs = (out_t, out_f)
   plan = {}  # name index -> (treedef, [static value | dtype])
   for i, name in enumerate(info.names):
     a, b = outs[0][i], outs[1][i]
@@ -222,26 +239,20 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
                     'make both branches give it the same shape (dtypes may differ only by promotion)')
     plan[i] = (ta, spec)
 
-  def branch(fn):
-    def g():
-      set_state(init)
-      _run(fn, info)
-      st, res = get_state(), []
-      for i, (_, spec) in plan.items():
-        leaves = [None] * len(spec) if isinstance(st[i], Undefined) else jax.tree_util.tree_leaves(st[i])
-        res += [jnp.zeros(*sd) if v is None else jnp.asarray(v, sd[1]) for v, (k, sd) in zip(leaves, spec) if k == 'd']
-      return res
-    return g
+  def emit(closed, out):  # replay the branch's jaxpr; keep, cast or zero-fill the plan's outputs
+    vals = iter(jaxpr_as_fun(closed)())
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    st = jax.tree_util.tree_unflatten(tree, [next(vals) if isinstance(l, jax.ShapeDtypeStruct) else l for l in leaves])
+    res = []
+    for i, (_, spec) in plan.items():
+      ls = [None] * len(spec) if isinstance(st[i], Undefined) else jax.tree_util.tree_leaves(st[i])
+      res += [jnp.zeros(*sd) if v is None else jnp.asarray(v, sd[1]) for v, (k, sd) in zip(ls, spec) if k == 'd']
+    return res
 
-  try:
-    jaxprs = [jax.make_jaxpr(branch(fn))() for fn in (body, orelse)]
-  finally:
-    set_state(init)
-  run_t, run_f = (jaxpr_as_fun(j) for j in jaxprs)
-  if all(_moves_only(j) for j in jaxprs):  # flags / assignments: a select is cheaper and safe
-    res = iter([jnp.where(p, a, b) for a, b in zip(run_t(), run_f())])
+  if _moves_only(jaxpr_t) and _moves_only(jaxpr_f):  # flags / assignments: a select is cheaper and safe
+    res = iter([jnp.where(p, a, b) for a, b in zip(emit(jaxpr_t, out_t), emit(jaxpr_f, out_f))])
   else:
-    res = iter(lax.cond(p, lambda: run_t(), lambda: run_f()))
+    res = iter(lax.cond(p, lambda: emit(jaxpr_t, out_t), lambda: emit(jaxpr_f, out_f)))
   final = list(init)
   for i, (tree, spec) in plan.items():
     final[i] = jax.tree_util.tree_unflatten(tree, [next(res) if k == 'd' else v for k, v in spec])
@@ -417,8 +428,11 @@ class _RangeIter(_Iter):
   def length(self):
     if not any(map(is_traced, (self.start, self.stop, self.step))):
       return len(range(self.start, self.stop, self.step))
-    d, st = jnp.asarray(self.stop) - jnp.asarray(self.start), jnp.asarray(self.step)
-    n = jnp.where(st > 0, (d + st - 1) // st, (d + st + 1) // st)
+    d, st = jnp.asarray(self.stop) - jnp.asarray(self.start), self.step
+    if isinstance(st, int):
+      n = d if st == 1 else (d + st - 1) // st if st > 0 else (d + st + 1) // st
+    else:
+      n = jnp.where(st > 0, (d + st - 1) // st, (d + st + 1) // st)
     return jnp.maximum(n, 0).astype(jnp.int32)
 
   def item(self, i, sl):

@@ -17,6 +17,11 @@ def _prims(fn, *args):
   return {e.primitive.name for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns}
 
 
+def _all_prims(jaxpr):
+  from jax.extend.core import subjaxprs
+  return {e.primitive.name for e in jaxpr.eqns} | set().union(*map(_all_prims, subjaxprs(jaxpr)))
+
+
 def test_exported_from_package():
   assert jaxform.autograph is autograph and jaxform.AutographError is AutographError
 
@@ -316,3 +321,101 @@ def test_liveness_closures_are_always_live():
   lv = analysis.Liveness(analysis.nested_reads(fn))
   lv.run(fn.body)
   assert 'z' in lv.live_out[id(fn.body[1])]
+
+
+def test_break_flag_is_a_select_and_the_loop_stops_early():
+  @autograph
+  def f(xs, n, t):
+    s, idx = 0.0, -1
+    for i in range(n):
+      s += xs[i]
+      if s > t:
+        idx = i
+        break
+    return idx
+  prims = _all_prims(jax.make_jaxpr(f)(jnp.ones(8), 8, 2.5).jaxpr)
+  assert 'cond' not in prims and 'while' in prims and 'select_n' in prims
+  assert jax.jit(f)(jnp.ones(8), 8, 2.5) == 2 and jax.jit(f)(jnp.ones(8), 8, 100.0) == -1
+
+
+def test_branch_with_computation_stays_a_cond():
+  @autograph
+  def f(x):
+    if x > 0:
+      x = jnp.sqrt(x)  # NaN on the untaken side under a select: must stay lax.cond
+    return x
+  assert 'cond' in _prims(f, 1.0)
+  assert jnp.isfinite(jax.grad(f)(-4.0))
+
+
+def test_deep_nesting_matches_python():
+  def f(xs, n):
+    total = 0.0
+    for i in range(n):
+      if xs[i] > 0:
+        j = 0
+        while j < i:
+          if (i + j) % 3 == 0:
+            total = total + xs[j]
+          elif xs[j] < -0.5:
+            break
+          j += 1
+      else:
+        for x in xs:
+          if x > 1.0:
+            continue
+          total = total - x * 0.1
+    return total
+  xs = np.random.RandomState(1).randn(7).astype(np.float32)
+  np.testing.assert_allclose(jax.jit(autograph(f))(jnp.asarray(xs), 7), f(xs, 7), rtol=1e-5)
+
+
+def test_if_expression_promotes_dtypes():
+  @autograph
+  def f(x):
+    return 1 if x > 0 else 2.5
+  assert jax.jit(f)(1.0) == 1.0 and jax.jit(f)(-1.0) == 2.5
+
+
+def test_vmap_of_loop_with_break_and_return():
+  @autograph
+  def f(xs):
+    for i, x in enumerate(xs):
+      if x > 0:
+        return i
+    return -1
+  m = jnp.array([[-1.0, 2.0, 3.0], [-1.0, -2.0, -3.0], [5.0, 0.0, 0.0]])
+  np.testing.assert_array_equal(jax.vmap(f)(m), [1, -1, 0])
+
+
+def test_converted_functions_call_each_other():
+  @autograph
+  def clip(x):
+    if x > 1:
+      x = 1.0
+    return x
+
+  @autograph
+  def f(xs):
+    s = 0.0
+    for x in xs:
+      s = s + clip(x)
+    return s
+  assert jax.jit(f)(jnp.array([0.5, 3.0, 2.0])) == 2.5
+
+
+def test_conversion_time_is_small():
+  import time
+  def f(x, n):
+    for i in range(n):
+      if x > 0:
+        x = x - 1
+      elif x < -10:
+        break
+    while x < 0:
+      x = x + 2
+    return x
+  convert._CACHE.clear()
+  t = time.perf_counter()
+  autograph(f)
+  assert time.perf_counter() - t < 0.5  # benchmarks/autograph.py measures ~2-5 ms
