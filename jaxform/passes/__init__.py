@@ -26,8 +26,10 @@ from .dce import dce  # noqa: E402
 from .cse import cse  # noqa: E402
 from .inline import inline  # noqa: E402
 from .algebra import algebra, algebra_exact  # noqa: E402
+from .licm import hoist_loop_invariants  # noqa: E402
+from .outline import outline  # noqa: E402
 
-DEFAULT = ["inline", "cse", "dce"]
+DEFAULT = ["inline", "cse", "hoist_loop_invariants", "dce"]
 
 
 def get(p) -> Callable[[Graph], Graph]:

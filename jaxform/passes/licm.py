@@ -1,0 +1,309 @@
+"""Loop-invariant code motion: compute once what a loop body recomputes every step.
+
+A node in a `scan` or `while` body whose inputs are all *loop constants*
+(scan consts, while body/cond consts, carries the body passes through
+unchanged, literals) or results of other such nodes gives the same value at
+every step. It moves in front of the loop; its results enter the body as new
+loop constants (`num_consts`, `body_nconsts`, `cond_nconsts` grow). Bodies are
+processed inner-first, so work climbs out of nested loops level by level. In
+a loop body, the invariant part of a `remat`/`checkpoint`, `jit` or
+`closed_call` body is pulled out too: this is what removes the per-step
+recomputation of invariant residuals in the transposed scan of
+`jax.grad(scan(jax.checkpoint(body)))`, which XLA cannot do itself (remat's
+optimization barrier hides the work from XLA's own loop-invariant motion).
+Work that every branch of a `cond` does identically, on the same operands,
+moves in front of the cond.
+
+Policy (what never moves):
+- effectful nodes and nodes whose bodies hold effects; loops, conds and calls
+  with effects that name their inputs (refs) are left alone;
+- *expanding* nodes: output bytes > max(input bytes, 1 MiB). A broadcast or
+  iota that XLA would fuse into its consumer would be materialized and kept
+  alive through the whole loop, raising peak memory;
+- *trivial* nodes, unless they feed moved work: layout and shape ops
+  (broadcast, reshape, transpose, convert, ...) and anything computed from
+  literals alone. XLA fuses or constant-folds them; as loop constants they
+  would only become materialized buffers carried through the loop.
+Moving work out of a `while` whose body runs zero times computes it anyway:
+harmless for pure JAX ops (nothing traps: x/0 is inf, gathers clamp), it
+only costs that work once. Exact: the same ops on the same values.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir import Graph, Node, Value
+from ..ir.graph import OUT
+from . import register
+from .cse import _key
+
+EXPANSION_LIMIT = 1 << 20   # bytes a moved node may produce beyond its inputs' size
+TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
+                     "iota", "copy", "copy_p", "rev", "slice", "pad", "concatenate", "select_n", "stop_gradient"})
+PEEL = frozenset({"remat2", "checkpoint", "closed_call", "core_call", "jit", "pjit"})
+
+
+@register(exact=True)
+def hoist_loop_invariants(graph: Graph) -> Graph:
+    """Move loop-invariant work out of scan/while bodies and shared work out of cond branches."""
+    for node in list(graph.nodes):
+        for sub in node.subgraphs():
+            hoist_loop_invariants(sub)
+        if _input_effects(node):
+            continue
+        if node.name == "scan":
+            _from_scan(graph, node)
+        elif node.name == "while":
+            _from_while(graph, node)
+        elif node.name == "cond":
+            _from_cond(graph, node)
+    return graph
+
+
+# ---- what may move -------------------------------------------------------------
+
+def _nbytes(aval) -> float:
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return math.inf   # tokens, refs, ...: never move
+    return math.prod(shape) * getattr(dtype, "itemsize", 8)
+
+
+def _pure(node: Node) -> bool:
+    return not node.effects and not any(n.effects for g in node.subgraphs() for n, _ in g.walk())
+
+
+def _input_effects(node: Node) -> bool:
+    return any(t is not None for _, t in node.effects)
+
+
+def _movable(node: Node, known: set[int]) -> bool:
+    """Pure, all inputs available outside, and not expanding (see the module policy)."""
+    if not all(v.is_literal or v.id in known for v in node.inputs) or not _pure(node):
+        return False
+    out = sum(_nbytes(o.aval) for o in node.outputs)
+    return out <= max(sum(_nbytes(v.aval) for v in node.inputs), EXPANSION_LIMIT)
+
+
+def _work(node: Node) -> bool:
+    """Worth moving on its own: not a layout op and not computed from literals alone."""
+    return node.name not in TRIVIAL and (bool(node.regions) or not all(v.is_literal for v in node.inputs))
+
+
+def _worth(cands: list[Node]) -> list[Node]:
+    """The candidates that are work, plus the candidates feeding them (topological order kept)."""
+    made = {id(o): n for n in cands for o in n.outputs}
+    keep: set[int] = set()
+    for n in reversed(cands):
+        if id(n) in keep or _work(n):
+            keep.add(id(n))
+            keep.update(id(made[id(v)]) for v in n.inputs if id(v) in made)
+    return [n for n in cands if id(n) in keep]
+
+
+def _topo(graph: Graph) -> list[Node]:
+    """graph.nodes in an order where producers come first."""
+    mine, done, order = {id(n) for n in graph.nodes}, set(), []
+    for root in graph.nodes:
+        stack = [(root, False)]
+        while stack:
+            n, ready = stack.pop()
+            if id(n) in done:
+                continue
+            if ready:
+                done.add(id(n))
+                order.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((v.producer, False) for v in n.inputs
+                         if v.producer is not None and id(v.producer) in mine and id(v.producer) not in done)
+    return order
+
+
+# ---- moving nodes out of one region ----------------------------------------------
+
+def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs) -> list[Node]:
+    """Move the invariant nodes of `region` (a body of `owner`, itself a node of `target`) into `target`.
+
+    outer_of maps region values known invariant (by id) to the `target` value they equal.
+    add_inputs(values) makes each value a new constant operand of `owner` and returns
+    the region inputs that receive them. Returns the moved nodes, now in `target`.
+    """
+    known, cands = set(outer_of), []
+    for n in _topo(region):
+        if _movable(n, known):
+            cands.append(n)
+        elif n.name in PEEL and _pure(n) and any(v.id in known for v in n.inputs):
+            cands.extend(_peel(region, n, known))   # now nodes of `region`, in front of n, all movable
+        else:
+            continue
+        known.update(o.id for m in cands for o in m.outputs)
+    moved = _worth(cands)
+    if not moved:
+        return []
+    ids = {id(n) for n in moved}
+    region._nodes = [n for n in region.nodes if id(n) not in ids]
+    for n in moved:
+        for i, v in enumerate(n.inputs):
+            if v.id in outer_of:
+                n.set_input(i, outer_of[v.id])
+    frontier = [o for n in moved for o in n.outputs if any(u is OUT or id(u) not in ids for u, _ in o.uses)]
+    uses = [[(u, i) for u, i in o.uses if u is OUT or id(u) not in ids] for o in frontier]
+    for p, us in zip(add_inputs(frontier), uses):
+        for u, i in us:
+            if u is OUT:
+                region.set_output(i, p)
+            else:
+                u.set_input(i, p)
+    at = target.nodes.index(owner)
+    target.nodes[at:at] = moved
+    return moved
+
+
+def _peel(region: Graph, call: Node, known: set[int]) -> list[Node]:
+    """Pull the part of a call body that depends only on `known` operands in front of the call."""
+    body: Graph = call.regions["body"]
+    if call.name in ("jit", "pjit") and not _plain_jit(call):
+        return []
+    outer_of = {b.id: v for b, v in zip(body.inputs, call.inputs) if v.is_literal or v.id in known}
+
+    def add_inputs(values):
+        call.set_inputs(list(call.inputs) + list(values))
+        new = [body.add_input(v.aval) for v in values]
+        p = call.params
+        if "in_shardings" in p:
+            p["in_shardings"] += (p["in_shardings"][0],) * len(values)
+            p["in_layouts"] += (None,) * len(values)
+            p["donated_invars"] += (False,) * len(values)
+        return new
+
+    return _move_out(region, call, body, outer_of, add_inputs)
+
+
+def _plain_jit(call: Node) -> bool:
+    from .inline import _inlinable   # a jit that pins nothing: new operands can be unpinned too
+    return bool(call.inputs) and _inlinable(call)
+
+
+# ---- loops and conds --------------------------------------------------------------
+
+def _insert(seq, at, values):
+    return list(seq[:at]) + list(values) + list(seq[at:])
+
+
+def _from_scan(graph: Graph, node: Node) -> None:
+    body: Graph = node.regions["body"]
+    c, k = node.params["num_consts"], node.params["num_carry"]
+    outer_of = {body.inputs[i].id: node.inputs[i] for i in range(c)}
+    outer_of.update((body.inputs[c + j].id, node.inputs[c + j]) for j in range(k)
+                    if body.outputs[j] is body.inputs[c + j])   # carried through unchanged
+
+    def add_inputs(values):
+        at = node.params["num_consts"]
+        node.set_inputs(_insert(node.inputs, at, values))
+        new = [Value(v.aval) for v in values]
+        body.inputs[at:at] = new
+        node.params["num_consts"] = at + len(values)
+        return new
+
+    _move_out(graph, node, body, outer_of, add_inputs)
+
+
+def _from_while(graph: Graph, node: Node) -> None:
+    cond, body = node.regions["cond"], node.regions["body"]
+    c, b = node.params["cond_nconsts"], node.params["body_nconsts"]
+    carry = node.inputs[c + b:]
+    same = [j for j in range(len(carry)) if body.outputs[j] is body.inputs[b + j]]
+    cond_of = {cond.inputs[i].id: node.inputs[i] for i in range(c)}
+    cond_of.update((cond.inputs[c + j].id, carry[j]) for j in same)
+    body_of = {body.inputs[i].id: node.inputs[c + i] for i in range(b)}
+    body_of.update((body.inputs[b + j].id, carry[j]) for j in same)
+
+    def add_to(region: Graph, key: str):
+        def add_inputs(values):
+            p = node.params
+            at_op = p["cond_nconsts"] + (p["body_nconsts"] if key == "body_nconsts" else 0)
+            at_in = p[key]
+            node.set_inputs(_insert(node.inputs, at_op, values))
+            new = [Value(v.aval) for v in values]
+            region.inputs[at_in:at_in] = new
+            p[key] = at_in + len(values)
+            return new
+        return add_inputs
+
+    _move_out(graph, node, cond, cond_of, add_to(cond, "cond_nconsts"))
+    _move_out(graph, node, body, body_of, add_to(body, "body_nconsts"))
+
+
+def _from_cond(graph: Graph, node: Node) -> None:
+    """Move work that all branches do identically on the same operands in front of the cond."""
+    branches: tuple[Graph, ...] = node.regions["branches"]
+    names = [{v.id: ("in", i) for i, v in enumerate(br.inputs)} for br in branches]
+    known = [set(n) for n in names]
+    matched: list[tuple[Node, ...]] = []
+    taken: set[int] = set()
+    progress = True
+    while progress:
+        progress = False
+        keyed = []
+        for b, br in enumerate(branches[1:], 1):
+            table: dict = {}
+            for n in br.nodes:
+                if id(n) not in taken and _movable(n, known[b]):
+                    k = _safe_key(n, names[b])
+                    if k is not None:
+                        table.setdefault(k, []).append(n)
+            keyed.append(table)
+        for n in _topo(branches[0]):
+            if id(n) in taken or not _movable(n, known[0]):
+                continue
+            k = _safe_key(n, names[0])
+            group = [n] + [(t.get(k) or [None])[0] for t in keyed]
+            if k is None or any(m is None for m in group):
+                continue
+            for b, m in enumerate(group):
+                taken.add(id(m))
+                if b:
+                    keyed[b - 1][k].remove(m)
+                for j, o in enumerate(m.outputs):
+                    names[b][o.id] = ("moved", len(matched), j)
+                    known[b].add(o.id)
+            matched.append(tuple(group))
+            progress = True
+    keep = {id(n) for n in _worth([g[0] for g in matched])}
+    groups = [g for g in matched if id(g[0]) in keep]
+    if not groups:
+        return
+    ops = node.inputs[1:]
+    ids = [{id(g[b]) for g in groups} for b in range(len(branches))]
+    outside = lambda b, o: [(u, i) for u, i in o.uses if u is OUT or id(u) not in ids[b]]  # noqa: E731
+    frontier = [(g, j) for g in groups for j in range(len(g[0].outputs))
+                if any(outside(b, g[b].outputs[j]) for b in range(len(branches)))]
+    for b, br in enumerate(branches):
+        for g, j in frontier:
+            p = br.add_input(g[b].outputs[j].aval)
+            for u, i in outside(b, g[b].outputs[j]):
+                br.set_output(i, p) if u is OUT else u.set_input(i, p)
+    for b, br in enumerate(branches[1:], 1):
+        for g in reversed(groups):
+            br.remove(g[b])
+    moved = [g[0] for g in groups]
+    branches[0]._nodes = [n for n in branches[0].nodes if id(n) not in ids[0]]
+    ins0 = {v.id: i for i, v in enumerate(branches[0].inputs)}
+    for n in moved:
+        for i, v in enumerate(n.inputs):
+            if v.id in ins0:
+                n.set_input(i, ops[ins0[v.id]])
+    node.set_inputs(list(node.inputs) + [g[0].outputs[j] for g, j in frontier])
+    at = graph.nodes.index(node)
+    graph.nodes[at:at] = moved
+
+
+def _safe_key(node: Node, names: dict):
+    """The CSE key of a node with inputs named by `names` (None if unnamed or unhashable)."""
+    if not all(v.is_literal or v.id in names for v in node.inputs):
+        return None
+    try:
+        return _key(node, lambda v: names[v.id])
+    except TypeError:
+        return None
