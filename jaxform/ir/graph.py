@@ -205,7 +205,11 @@ class Graph:
             prim = _jax.primitive(prim)
         params = _jax.complete_params(prim, dict(params or {}))
         node = Node(prim, inputs, [], params, regions=regions, source_info=source_info)
-        avals, effs = _jax.abstract_eval(prim, [v.aval for v in inputs], node.full_params())
+        try:
+            avals, effs = _jax.abstract_eval(prim, [v.aval for v in inputs], node.full_params())
+        except Exception:
+            node.set_inputs([])  # a node that was never added must not stay in its operands' use lists
+            raise
         if out_avals is not None:
             avals = out_avals
         node.outputs = [Value(a, node, i) for i, a in enumerate(avals)]
