@@ -12,3 +12,4 @@ from .state import for_loop, scan, discharge
 __version__ = "0.1.0"
 from .autograph import autograph, AutographError
 from .rewrite import Pat, Rules, rule_by_example, rewrite
+from .ir.build import Builder, BuildError
