@@ -198,7 +198,10 @@ def _fallback(cv: Converter, node, ins):
                               f"does not support it either. Register one with "
                               f"@jaxform.frontends.pytensor.register({type(node.op).__name__}).") from None
     dyn = [i for i in ins if isinstance(i, Var)]
-    statics = [None if isinstance(i, Var) else np.asarray(i) for i in ins]
+    # known values: integers as Python ints (axes, sizes: often static args of jitted jnp code),
+    # the rest as numpy arrays
+    statics = [None if isinstance(i, Var) else int(i) if np.ndim(i) == 0 and np.asarray(i).dtype.kind in "iu"
+               else np.asarray(i) for i in ins]
 
     def run(*vals):
         it = iter(vals)
