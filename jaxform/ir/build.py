@@ -244,7 +244,10 @@ class Builder:
     def select_n(self, which: Operand, *cases: Operand) -> Var:
         """cases[which] elementwise (`which` bool or int32, same shape as the cases or scalar)."""
         first = next((self._value(c) for c in cases if isinstance(c, (Var, Value))), None)
-        return self.bind("select_n", which, *[self._value(c, like=first) for c in cases])
+        wv, vals = self._value(which), [self._value(c, like=first) for c in cases]
+        shape = max([v.aval.shape for v in vals + [wv]], key=len)
+        vals = [self.broadcast_to(v, shape).value if v.aval.ndim == 0 else v for v in vals]  # scalars broadcast
+        return self.bind("select_n", wv, *vals)
 
     def where(self, pred: Operand, x: Operand, y: Operand) -> Var:
         """x where pred else y (numpy's argument order)."""
