@@ -50,7 +50,7 @@ def format_graph(g: Graph, names: dict | None = None, indent: int = 0) -> str:
     ins = " ".join(decl(v) if v.uses else f"{name(v)}:{v.aval.str_short(short_dtypes=True)}" for v in g.inputs)
     lines = [f"{pad}{{ lambda {consts}; {ins}. let"]
     for n in g.nodes:
-        params = " ".join(f"{k}={_param(v)}" for k, v in sorted(n.params.items()) if _shown(v) and v != ())
+        params = " ".join(f"{k}={_param(v)}" for k, v in sorted(n.params.items()) if _shown(v) and not (isinstance(v, tuple) and not v))
         head = f"{pad}    {' '.join(decl(o) for o in n.outputs)} = {n.prim.name}"
         args = " ".join(name(v) for v in n.inputs)
         if not n.regions:
