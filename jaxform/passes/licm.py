@@ -231,8 +231,20 @@ def _from_while(graph: Graph, node: Node) -> None:
             return new
         return add_inputs
 
-    _move_out(graph, node, cond, cond_of, add_to(cond, "cond_nconsts"))
-    _move_out(graph, node, body, body_of, add_to(body, "body_nconsts"))
+    if _move_out(graph, node, cond, cond_of, add_to(cond, "cond_nconsts")):
+        _drop_unused_consts(node, cond, 0, "cond_nconsts")
+    if _move_out(graph, node, body, body_of, add_to(body, "body_nconsts")):
+        _drop_unused_consts(node, body, node.params["cond_nconsts"], "body_nconsts")
+
+
+def _drop_unused_consts(node: Node, region: Graph, first: int, key: str) -> None:
+    """Constants of a while region that nothing reads any more (dce shrinks scans, not whiles)."""
+    n = node.params[key]
+    dead = [i for i in range(n) if not region.inputs[i].uses]
+    if dead:
+        region.inputs = [v for i, v in enumerate(region.inputs) if i not in dead]
+        node.set_inputs([v for i, v in enumerate(node.inputs) if i - first not in dead])
+        node.params[key] = n - len(dead)
 
 
 def _from_cond(graph: Graph, node: Node) -> None:

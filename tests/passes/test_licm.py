@@ -339,3 +339,13 @@ def test_effects_stay():
 def test_zero_trip_while_is_fine():
     out = moved(fori_dynamic, W, X, 0, grad=False)
     assert out[0] > out[1]
+
+
+def test_while_keeps_only_live_consts():
+    """W itself is no longer read by the body once exp(W) moved out: it stops being a loop constant."""
+    _, _, g = moved(fori_dynamic, W, X, 3, check=False)
+    loop = next(n for n in g.nodes if n.name == "while")
+    assert loop.params["body_nconsts"] == 1 and loop.inputs[0].producer.name == "exp"
+    _, _, g = moved(while_cond_work, W, X, check=False)
+    loop = next(n for n in g.nodes if n.name == "while")
+    assert all(v.producer is not None for v in loop.inputs[:loop.params["cond_nconsts"]])
