@@ -173,7 +173,7 @@ def _optional_params() -> dict[str, dict[str, Any]]:
                                       lax.tanh, lax.logistic, lax.sqrt, lax.rsqrt, lax.cbrt)],
              lambda: (x.sum(0), x.max(0), x.min(0), x.prod(0), m.sum(0), jnp.argmax(x, 0), x.astype(jnp.int32)),
              lambda: (lax.broadcast_in_dim(x, (3, 2, 2), (1, 2)), x @ x, x.reshape(4), lax.iota(jnp.int32, 3),
-                      jnp.zeros(3), lax.reduce_precision(x, 5, 10), jnp.cumsum(x, 0))]
+                      jnp.zeros(3), lax.reduce_precision(x, 5, 10), jnp.cumsum(x, 0), x * x)]
     found: dict[str, dict[str, Any]] = {}
     for c in calls:
         for e in jax.make_jaxpr(c)().eqns:

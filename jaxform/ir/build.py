@@ -84,9 +84,6 @@ Operand = Any  # Var | Value | Python scalar | numpy/JAX array
 
 _EVAL_CACHE: dict = {}  # (primitive, operand avals, params) -> result avals
 
-# Params that abstract evaluation does not need but other rules (transpose, lowering) read.
-_DEFAULTS: dict[str, dict[str, Any]] = {"mul": {"out_dtype": None}}
-
 
 def _unary(name: str, doc: str):
     def op(self, x: Operand) -> Var:
@@ -196,7 +193,7 @@ class Builder:
         if isinstance(prim, str):
             prim = _jax.primitive(prim)
         values = [self._value(x) for x in operands]
-        params = {**_DEFAULTS.get(prim.name, {}), **params}
+        params = _jax.complete_params(prim, params)
         regions = {}
         for r in regions_of(prim.name):
             if r.param in params:
