@@ -35,7 +35,7 @@ import math
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 from . import register
-from .cse import _key
+from .cse import _key, cse
 
 EXPANSION_LIMIT = 1 << 20   # bytes a moved node may produce beyond its inputs' size
 TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
@@ -45,19 +45,30 @@ PEEL = frozenset({"remat2", "checkpoint", "closed_call", "core_call", "jit", "pj
 
 @register(exact=True)
 def hoist_loop_invariants(graph: Graph) -> Graph:
-    """Move loop-invariant work out of scan/while bodies and shared work out of cond branches."""
+    """Move loop-invariant work out of scan/while bodies and shared work out of cond branches.
+
+    If anything moved, CSE then merges moved work with identical work already
+    outside (e.g. the forward pass's copy of a residual the transposed scan recomputed).
+    """
+    if _hoist(graph):
+        cse(graph)
+    return graph
+
+
+def _hoist(graph: Graph) -> bool:
+    changed = False
     for node in list(graph.nodes):
         for sub in node.subgraphs():
-            hoist_loop_invariants(sub)
+            changed |= _hoist(sub)
         if _input_effects(node):
             continue
         if node.name == "scan":
-            _from_scan(graph, node)
+            changed |= _from_scan(graph, node)
         elif node.name == "while":
-            _from_while(graph, node)
+            changed |= _from_while(graph, node)
         elif node.name == "cond":
-            _from_cond(graph, node)
-    return graph
+            changed |= _from_cond(graph, node)
+    return changed
 
 
 # ---- what may move -------------------------------------------------------------
@@ -191,7 +202,7 @@ def _insert(seq, at, values):
     return list(seq[:at]) + list(values) + list(seq[at:])
 
 
-def _from_scan(graph: Graph, node: Node) -> None:
+def _from_scan(graph: Graph, node: Node) -> bool:
     body: Graph = node.regions["body"]
     c, k = node.params["num_consts"], node.params["num_carry"]
     outer_of = {body.inputs[i].id: node.inputs[i] for i in range(c)}
@@ -206,10 +217,10 @@ def _from_scan(graph: Graph, node: Node) -> None:
         node.params["num_consts"] = at + len(values)
         return new
 
-    _move_out(graph, node, body, outer_of, add_inputs)
+    return bool(_move_out(graph, node, body, outer_of, add_inputs))
 
 
-def _from_while(graph: Graph, node: Node) -> None:
+def _from_while(graph: Graph, node: Node) -> bool:
     cond, body = node.regions["cond"], node.regions["body"]
     c, b = node.params["cond_nconsts"], node.params["body_nconsts"]
     carry = node.inputs[c + b:]
@@ -231,10 +242,13 @@ def _from_while(graph: Graph, node: Node) -> None:
             return new
         return add_inputs
 
-    if _move_out(graph, node, cond, cond_of, add_to(cond, "cond_nconsts")):
+    moved_c = _move_out(graph, node, cond, cond_of, add_to(cond, "cond_nconsts"))
+    if moved_c:
         _drop_unused_consts(node, cond, 0, "cond_nconsts")
-    if _move_out(graph, node, body, body_of, add_to(body, "body_nconsts")):
+    moved_b = _move_out(graph, node, body, body_of, add_to(body, "body_nconsts"))
+    if moved_b:
         _drop_unused_consts(node, body, node.params["cond_nconsts"], "body_nconsts")
+    return bool(moved_c or moved_b)
 
 
 def _drop_unused_consts(node: Node, region: Graph, first: int, key: str) -> None:
@@ -247,7 +261,7 @@ def _drop_unused_consts(node: Node, region: Graph, first: int, key: str) -> None
         node.params[key] = n - len(dead)
 
 
-def _from_cond(graph: Graph, node: Node) -> None:
+def _from_cond(graph: Graph, node: Node) -> bool:
     """Move work that all branches do identically on the same operands in front of the cond."""
     branches: tuple[Graph, ...] = node.regions["branches"]
     names = [{v.id: ("in", i) for i, v in enumerate(br.inputs)} for br in branches]
@@ -285,7 +299,7 @@ def _from_cond(graph: Graph, node: Node) -> None:
     keep = {id(n) for n in _worth([g[0] for g in matched])}
     groups = [g for g in matched if id(g[0]) in keep]
     if not groups:
-        return
+        return False
     ops = node.inputs[1:]
     ids = [{id(g[b]) for g in groups} for b in range(len(branches))]
     outside = lambda b, o: [(u, i) for u, i in o.uses if u is OUT or id(u) not in ids[b]]  # noqa: E731
@@ -309,6 +323,7 @@ def _from_cond(graph: Graph, node: Node) -> None:
     node.set_inputs(list(node.inputs) + [g[0].outputs[j] for g, j in frontier])
     at = graph.nodes.index(node)
     graph.nodes[at:at] = moved
+    return True
 
 
 def _safe_key(node: Node, names: dict):
