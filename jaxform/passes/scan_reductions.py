@@ -44,6 +44,7 @@ reorders reductions too), so the pass is registered with exact=False.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..ir import Graph, Node, Value
@@ -68,10 +69,10 @@ ELEMENTWISE = UNARY | BINARY | TERNARY
 REDUCTIONS = {
     "reduce_sum": ("add", lambda d: 0),
     "reduce_prod": ("mul", lambda d: 1),
-    "reduce_max": ("max", lambda d: -np.inf if np.issubdtype(d, np.floating) else
-                   False if d == np.bool_ else np.iinfo(d).min),
-    "reduce_min": ("min", lambda d: np.inf if np.issubdtype(d, np.floating) else
-                   True if d == np.bool_ else np.iinfo(d).max),
+    "reduce_max": ("max", lambda d: -np.inf if jnp.issubdtype(d, jnp.floating) else
+                   False if d == np.bool_ else jnp.iinfo(d).min),
+    "reduce_min": ("min", lambda d: np.inf if jnp.issubdtype(d, jnp.floating) else
+                   True if d == np.bool_ else jnp.iinfo(d).max),
 }
 
 

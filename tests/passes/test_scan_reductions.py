@@ -103,6 +103,10 @@ FULL = {
     "other_scan_operand": (lambda W, h0, xs: jnp.sum(rnn(W, h0, xs) * rnn(W.T, h0, xs)), (W, H0, XS)),
     "int_sum_max": (lambda n: (lambda y: (y.sum(), y.max(), y.min(0)))(
         lax.scan(lambda c, x: (c + x, c * x - 3), jnp.int32(1), n)[1]), (jnp.arange(7, dtype=jnp.int32),)),
+    "bf16_max_min": (lambda W, h0, xs: (lambda y: (y.max(), y.min(0)))(rnn(W, h0, xs.astype(jnp.bfloat16))),
+                     (W.astype(jnp.bfloat16), H0.astype(jnp.bfloat16), XS)),
+    "uint8_max": (lambda n: lax.scan(lambda c, x: (c + x, c * x), jnp.uint8(1), n)[1].max(),
+                  (jnp.arange(9, dtype=jnp.uint8),)),
     "length_zero": (lambda h0, xs: jnp.sum(lax.scan(lambda h, x: (h + x, h * x), h0, xs)[1]),
                     (H0, XS[:0])),
 }
