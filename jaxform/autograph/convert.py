@@ -77,6 +77,14 @@ def _located(nodes: list, src: ast.AST) -> list:
 # ---- 1. item assignment ------------------------------------------------------------
 
 class _SetItem(ast.NodeTransformer):
+  """Item assignment becomes rebinding; `del name` becomes `name = Undefined` (the name may
+  be part of a converted statement's state, which must stay readable)."""
+
+  def visit_Delete(self, node):
+    if all(isinstance(t, ast.Name) for t in node.targets):
+      return [ast.copy_location(_assign(t.id, _call('Undefined', ast.Constant(t.id))), node) for t in node.targets]
+    return node
+
   def _assign(self, target, value):
     while isinstance(target, ast.Subscript):
       value = _call('setitem', _with_ctx(target.value, ast.Load()), target.slice, value)
@@ -175,6 +183,14 @@ class _Lower:
         h.body, g = self.block(h.body, loop)
         h.body, f = h.body or [ast.Pass()], f | g
       return [s], f
+    if isinstance(s, ast.While) and any(isinstance(n, ast.NamedExpr) for n in ast.walk(s.test)):
+      # `while (i := i + 1) < n:` -> `while True: if not (i := i + 1) < n: break` so that the
+      # assignment is part of the loop body (a lax.while_loop test cannot update the carry)
+      if s.orelse:
+        raise AutographError(f'{self.filename}:{s.lineno}: a `while` whose test assigns with := cannot '
+                             f'have an `else` clause under autograph; move the assignment into the loop')
+      guard = ast.If(test=ast.UnaryOp(op=ast.Not(), operand=s.test), body=[ast.Break()], orelse=[])
+      s.test, s.body = ast.Constant(True), _located([guard], s) + s.body
     if isinstance(s, (ast.For, ast.While)):
       inner = {'brk': None, 'cont': None}
       body, f = self.block(s.body, inner)
@@ -330,7 +346,7 @@ class _Converter:
     info = self.info(s, flags, names, live, head, entry)
     body = self.block(s.body, False)
     if isinstance(s, ast.While):
-      defs = [self._def(f'loop_test__{k}', [], [], [ast.Return(value=s.test)]),
+      defs = [self._def(f'loop_test__{k}', [], names, [ast.Return(value=s.test)]),
               self._def(f'loop_body__{k}', [], names, body)]
       call = _call('while_stmt', _name(f'loop_test__{k}'), _name(f'loop_body__{k}'), _name(f'get_state__{k}'),
                    _name(f'set_state__{k}'), info)
@@ -378,6 +394,8 @@ class _Exprs(ast.NodeTransformer):
 
   def visit_IfExp(self, node):
     self.generic_visit(node)
+    if any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+      return node
     lam = lambda e: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],
                                                   kw_defaults=[], kwarg=None, defaults=[]), body=e)
     return ast.copy_location(_call('if_exp', node.test, lam(node.body), lam(node.orelse)), node)
@@ -447,7 +465,7 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
     cv = _Converter(filename, recursive, static_range)
     cv.function(node)
     _Exprs(recursive, (recursive, static_range)).visit(node)
-    free = list(fn.__code__.co_freevars)
+    free = [v for v in fn.__code__.co_freevars if v != 'ag__']  # fn may itself be converted code
     factory = ast.FunctionDef(
         name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__'] + free],
                                                vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),

@@ -8,16 +8,18 @@ or loop test is traced. The variables a statement may change are reached through
 the static `info` record says which of them are live afterwards, so only those are
 branch outputs / loop carries.
 
-A branch or loop body is first traced abstractly (`jax.eval_shape`) to learn what it
-produces; that lets us name the offending variable when branches disagree or a loop
-carry changes shape, and fill variables only assigned on the taken path of a `return`.
+Each branch is traced once to a jaxpr whose abstract outputs decide the plan (which
+variables are outputs, their dtypes, zero-fill for a lowered `return` value) and name
+the offending variable when branches disagree; the jaxprs are then replayed inside
+`lax.cond` (or a select). A loop body is first traced abstractly (`jax.eval_shape`) to
+fix the carry and catch a carry that changes shape or dtype.
 """
 from __future__ import annotations
 
 import builtins
 import functools
 import operator
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,9 +60,14 @@ class Undefined:
     raise AutographError(f"local variable '{self.name}' is used before it is assigned "
                          f"(it is not assigned on every path that reaches this use)")
 
-  __getattr__ = __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
+  def __getattr__(self, attr):
+    if attr.startswith('__'):  # protocol probes (copy, hasattr(x, '__array__'), ...)
+      raise AttributeError(attr)
+    self._fail()
+
+  __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
   __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = _fail
-  __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __array__ = __jax_array__ = _fail
+  __neg__ = __lt__ = __le__ = __gt__ = __ge__ = _fail
 
 
 jax.tree_util.register_pytree_node(Undefined, lambda u: ((), u.name), lambda name, _: Undefined(name))

@@ -419,3 +419,25 @@ def test_conversion_time_is_small():
   t = time.perf_counter()
   autograph(f)
   assert time.perf_counter() - t < 0.5  # benchmarks/autograph.py measures ~2-5 ms
+
+
+def test_del_walrus_and_autograph_inside_converted_code():
+  @autograph
+  def f(xs, n):
+    i = 0
+    total = 0.0
+    while (i := i + 1) <= n:
+      tmp = xs[i - 1] * 2
+      total = total + tmp
+      del tmp
+
+    @autograph
+    def inner(v):
+      if v > 0:
+        v = v * 10
+      return v
+    return inner(total), i
+  xs = jnp.arange(4.0)
+  assert f(xs, 3) == (60.0, 4)
+  out = jax.jit(f)(xs, 3)
+  assert out[0] == 60.0 and out[1] == 4
