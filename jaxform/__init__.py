@@ -13,3 +13,4 @@ __version__ = "0.1.0"
 from .autograph import autograph, AutographError
 from .rewrite import Pat, Rules, rule_by_example, rewrite
 from .ir.build import Builder, BuildError
+from .inspect import show, explain, draw

@@ -1,0 +1,150 @@
+"""`explain(fn, *args)`: which passes changed the program, where, and what it bought.
+
+For each pass that changed the program: the user source lines of the nodes it
+added, changed or removed, the equation count (bodies included) and XLA's
+temp memory before/after it, and for rule-set passes (`algebra`, user
+`Rules`) how often each rule fired. Totals for the whole pipeline, and with
+`measure=True` the jit-compiled time before/after (min of N).
+"""
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from ..ir import Graph
+from ..ir.printing import diff
+from . import program
+from .match import match
+from .show import paired_text
+
+
+@dataclass
+class Change:
+    """One pass that changed the program."""
+    pass_name: str
+    where: list                          # user 'file.py:12:4 (fn)' lines of the nodes it touched, most first
+    eqns: tuple                          # equations before, after (bodies included)
+    temp_bytes: tuple | None = None      # XLA temp memory before, after
+    rules: dict | None = None            # rule name -> firings, for rule-set passes
+    added: int = 0                       # nodes new or changed
+    removed: int = 0
+    diff: str = ""
+
+
+@dataclass
+class Report:
+    """What the pipeline did to `function`; print it, or `.to_dict()` for JSON."""
+    function: str
+    passes: list
+    changes: list = field(default_factory=list)
+    eqns: tuple = (0, 0)
+    temp_bytes: tuple | None = None
+    time_s: tuple | None = None
+    reps: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"jaxform.explain: {self.function}",
+                 f"  pipeline: {', '.join(self.passes) or '(none)'}"]
+        if not self.changes:
+            lines.append("  no pass changed the program")
+        for c in self.changes:
+            mem = f", temp memory {fmt_bytes(c.temp_bytes[0])} -> {fmt_bytes(c.temp_bytes[1])}" if c.temp_bytes else ""
+            lines.append(f"  {c.pass_name}: equations {c.eqns[0]} -> {c.eqns[1]}{mem} "
+                         f"(+{c.added} -{c.removed} nodes)")
+            for loc in c.where[:5]:
+                lines.append(f"      at {loc}")
+            if len(c.where) > 5:
+                lines.append(f"      ... and {len(c.where) - 5} more places")
+            for rule, k in (c.rules or {}).items():
+                lines.append(f"      rule {rule}: {k}x")
+        lines.append(f"  total: equations {self.eqns[0]} -> {self.eqns[1]}")
+        if self.temp_bytes:
+            lines[-1] += f", XLA temp memory {fmt_bytes(self.temp_bytes[0])} -> {fmt_bytes(self.temp_bytes[1])}"
+        if self.time_s:
+            t0, t1 = self.time_s
+            lines.append(f"  time (jit, min of {self.reps}): {t0 * 1e3:.2f} ms -> {t1 * 1e3:.2f} ms ({t0 / t1:.2f}x)")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"
+
+
+def _short(location: str) -> str:
+    """Paths under the working directory relative to it."""
+    cwd = os.getcwd() + os.sep
+    return location[len(cwd):] if location.startswith(cwd) else location
+
+
+def _with_stats(p, stats: dict):
+    """A pass that is a rule set (a `Rules`, or a function with `.rules` applying exactly them) records firings."""
+    rules = p if hasattr(p, "apply") and hasattr(p, "rules") else getattr(p, "rules", None)
+    if rules is None or not hasattr(rules, "apply"):
+        return p
+    name = program.pass_name(p)
+
+    def run(graph):
+        stats[name] = rules.apply(graph)
+        return graph
+    run.pass_name, run.exact = name, getattr(p, "exact", False)
+    return run
+
+
+def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: bool = True,
+            measure: bool = False, reps: int = 5, progress: bool = False) -> Report:
+    """Run the pipeline on `fn(*args)` and report each pass that changed the program.
+
+    args: arrays or `jax.ShapeDtypeStruct`s (pytrees of them); `measure=True`
+    needs concrete values and draws random ones for ShapeDtypeStructs.
+    memory: compile each changed stage to read XLA temp memory (one compile per stage).
+    progress: print long steps (compile, measurement) on stderr.
+    """
+    step = program.Progress(progress)
+    with step(f"tracing {program.fn_name(fn)}"):
+        closed, flat = program.trace_flat(fn, args)
+    stats: dict = {}
+    pipe = [_with_stats(p, stats) for p in program.pipeline(passes)]
+    stages: list = []
+    with step("running passes"):
+        after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
+    report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
+    mems: dict = {}
+
+    def mem(c):
+        key = str(c.jaxpr)
+        if key not in mems:
+            with step(f"compiling program {len(mems) + 1} of {len(stages) + 1} for XLA's memory analysis"):
+                mems[key] = program.temp_bytes(c, flat)
+        return mems[key]
+
+    for name, b, a in stages:
+        gb, ga = Graph.from_jaxpr(b), Graph.from_jaxpr(a)
+        m = match(gb, ga)
+        where = collections.Counter(_short(loc) for n in (*m.new_nodes, *m.removed_nodes) if (loc := n.location()))
+        rules = stats.get(name)
+        report.changes.append(Change(
+            name, [loc for loc, _ in where.most_common()], (len(gb), len(ga)),
+            (mem(b), mem(a)) if memory else None,
+            dict(rules.fired.most_common()) if rules is not None else None,
+            len(m.new_nodes), len(m.removed_nodes), diff(*paired_text(gb, ga, m))))
+    report.eqns = (len(Graph.from_jaxpr(closed)), len(Graph.from_jaxpr(after)))
+    if memory:
+        report.temp_bytes = (mem(closed), mem(after))
+    if measure:
+        import jax
+        fns = [jax.jit(program.as_function(c)) for c in (closed, after)]
+        values = program.concrete(flat)
+        with step(f"measuring time (jit, min of {reps})"):
+            report.time_s = tuple(program.min_time(fns, values, reps))
+    return report

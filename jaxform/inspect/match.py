@@ -1,0 +1,117 @@
+"""Which nodes a pass added, changed or removed: a structural match of two Graphs.
+
+Passes go through jaxprs (`run_passes` rebuilds the Graph per pass), so the
+before and after graphs share no Value objects. We match them as CSE would:
+a plain node corresponds to a before-node with the same primitive, params and
+(corresponding) operands; a node with bodies (scan, while, cond, jit, ...)
+corresponds to the before-node of the same primitive at the same user source
+line, and its bodies are matched recursively, body inputs by type and order.
+What has no counterpart is *new* (after) or *removed* (before). The match is
+a heuristic for showing changes (a miss only over-highlights); it never
+affects the program.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Value
+
+
+@dataclass
+class Match:
+    names: dict = field(default_factory=dict)     # after Value.id -> corresponding before Value
+    new: set = field(default_factory=set)         # id(node) of after nodes that are new or changed
+    removed: set = field(default_factory=set)     # id(node) of before nodes with no counterpart
+    new_nodes: list = field(default_factory=list)
+    removed_nodes: list = field(default_factory=list)
+
+    def is_new(self, node: Node) -> bool:
+        return id(node) in self.new
+
+    def is_removed(self, node: Node) -> bool:
+        return id(node) in self.removed
+
+    def _add(self, node: Node, new: bool):
+        (self.new if new else self.removed).add(id(node))
+        (self.new_nodes if new else self.removed_nodes).append(node)
+
+
+def match(before: Graph, after: Graph) -> Match:
+    m = Match()
+    _graph(before, after, m)
+    return m
+
+
+def _params_key(node: Node) -> str:
+    return repr(sorted(node.params.items(), key=lambda kv: kv[0]))
+
+
+def _lit_key(v: Value):
+    return ("lit", repr(v.literal), str(v.aval))
+
+
+def _by_type(vs_before, vs_after, m: Match) -> None:
+    """Pair values of the same type in order (the i-th f32[3] before with the i-th f32[3] after)."""
+    pool = collections.defaultdict(collections.deque)
+    for v in vs_before:
+        pool[str(v.aval)].append(v)
+    for v in vs_after:
+        if pool[str(v.aval)]:
+            m.names[v.id] = pool[str(v.aval)].popleft()
+
+
+def _graph(b: Graph, a: Graph, m: Match) -> None:
+    _by_type(b.inputs, a.inputs, m)
+    consts = {id(v.const): v for v in b.consts}
+    for v in a.consts:
+        if id(v.const) in consts:
+            m.names[v.id] = consts[id(v.const)]
+    bkey = lambda v: _lit_key(v) if v.is_literal else ("v", v.id)  # noqa: E731
+    akey = lambda v: _lit_key(v) if v.is_literal else (  # noqa: E731
+        ("v", m.names[v.id].id) if v.id in m.names else ("new", v.id))
+    plain, nested = collections.defaultdict(collections.deque), collections.defaultdict(collections.deque)
+    for n in b.nodes:
+        if n.regions:
+            nested[(n.name, n.location())].append(n)
+        else:
+            plain[(n.name, _params_key(n), tuple(map(bkey, n.inputs)))].append(n)
+    for n in a.nodes:
+        if not n.regions:
+            key = (n.name, _params_key(n), tuple(map(akey, n.inputs)))
+            if plain[key]:
+                for x, y in zip(n.outputs, plain[key].popleft().outputs):
+                    m.names[x.id] = y
+            else:
+                m._add(n, True)
+            continue
+        cands = nested[(n.name, n.location())]
+        if not cands:
+            _all(n, m, True)
+            continue
+        old = cands.popleft()
+        seen = len(m.new) + len(m.removed)
+        for name, r in n.regions.items():
+            subs_a = r if isinstance(r, tuple) else (r,)
+            rb = old.regions.get(name, ())
+            subs_b = rb if isinstance(rb, tuple) else (rb,)
+            for i, sa in enumerate(subs_a):
+                if i < len(subs_b):
+                    _graph(subs_b[i], sa, m)
+                else:
+                    for x, _ in sa.walk():
+                        m._add(x, True)
+        _by_type(old.outputs, n.outputs, m)
+        if (len(m.new) + len(m.removed) != seen or _params_key(n) != _params_key(old)
+                or tuple(map(akey, n.inputs)) != tuple(map(bkey, old.inputs))):
+            m._add(n, True)
+    for left in (*plain.values(), *nested.values()):
+        for n in left:
+            _all(n, m, False)
+
+
+def _all(node: Node, m: Match, new: bool) -> None:
+    m._add(node, new)
+    for g in node.subgraphs():
+        for x, _ in g.walk():
+            m._add(x, new)
