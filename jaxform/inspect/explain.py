@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -82,8 +83,9 @@ def fmt_bytes(n: int) -> str:
 
 
 def _short(location: str) -> str:
-    """Paths under the working directory relative to it."""
+    """'file.py:12 (fn)': no column, paths under the working directory relative to it."""
     cwd = os.getcwd() + os.sep
+    location = re.sub(r"^(.*:\d+):\d+((?: .*)?)$", r"\1\2", location)
     return location[len(cwd):] if location.startswith(cwd) else location
 
 

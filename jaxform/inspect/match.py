@@ -3,7 +3,8 @@
 Passes go through jaxprs (`run_passes` rebuilds the Graph per pass), so the
 before and after graphs share no Value objects. We match them as CSE would:
 a plain node corresponds to a before-node with the same primitive, params and
-(corresponding) operands; a node with bodies (scan, while, cond, jit, ...)
+(corresponding) operands, or failing that with the same primitive, params,
+result types and user source line (its operands were rewired); a node with bodies (scan, while, cond, jit, ...)
 corresponds to the before-node of the same primitive at the same user source
 line, and its bodies are matched recursively, body inputs by type and order.
 What has no counterpart is *new* (after) or *removed* (before). The match is
@@ -70,17 +71,29 @@ def _graph(b: Graph, a: Graph, m: Match) -> None:
     bkey = lambda v: _lit_key(v) if v.is_literal else ("v", v.id)  # noqa: E731
     akey = lambda v: _lit_key(v) if v.is_literal else (  # noqa: E731
         ("v", m.names[v.id].id) if v.id in m.names else ("new", v.id))
-    plain, nested = collections.defaultdict(collections.deque), collections.defaultdict(collections.deque)
+    plain, moved, nested = (collections.defaultdict(collections.deque) for _ in range(3))
+    taken: set = set()
     for n in b.nodes:
         if n.regions:
             nested[(n.name, n.location())].append(n)
         else:
             plain[(n.name, _params_key(n), tuple(map(bkey, n.inputs)))].append(n)
+            moved[_rewired_key(n)].append(n)
+
+    def pop(q):
+        while q and id(q[0]) in taken:
+            q.popleft()
+        if q:
+            taken.add(id(q[0]))
+            return q.popleft()
+
     for n in a.nodes:
         if not n.regions:
-            key = (n.name, _params_key(n), tuple(map(akey, n.inputs)))
-            if plain[key]:
-                for x, y in zip(n.outputs, plain[key].popleft().outputs):
+            # the same operation on corresponding operands; else the same operation from the same
+            # source line with the same type, whose operands were rewired (not new: not highlighted)
+            old = pop(plain[(n.name, _params_key(n), tuple(map(akey, n.inputs)))]) or pop(moved[_rewired_key(n)])
+            if old is not None:
+                for x, y in zip(n.outputs, old.outputs):
                     m.names[x.id] = y
             else:
                 m._add(n, True)
@@ -107,7 +120,12 @@ def _graph(b: Graph, a: Graph, m: Match) -> None:
             m._add(n, True)
     for left in (*plain.values(), *nested.values()):
         for n in left:
-            _all(n, m, False)
+            if id(n) not in taken:
+                _all(n, m, False)
+
+
+def _rewired_key(n: Node):
+    return (n.name, _params_key(n), n.location(), tuple(str(o.aval) for o in n.outputs))
 
 
 def _all(node: Node, m: Match, new: bool) -> None:

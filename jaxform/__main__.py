@@ -1,0 +1,6 @@
+"""`python -m jaxform ...` is the `jaxform` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
