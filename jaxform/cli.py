@@ -39,7 +39,6 @@ _TOKEN = re.compile(r"\s*(?:(?P<arr>[a-z]+[0-9]*)\[(?P<dims>[0-9,\s]*)\]|(?P<p>[
 def parse_spec(spec: str):
     """'f32[3,4]' -> ShapeDtypeStruct; '(f32[3], (i32[], bool[2]))' -> nested tuples of them."""
     import jax
-    import numpy as np
     pos, toks = 0, []
     while pos < len(spec.rstrip()):
         m = _TOKEN.match(spec, pos)
@@ -48,15 +47,19 @@ def parse_spec(spec: str):
                              "such as f32[1000,256] or i32[], or a tuple (spec, spec)")
         pos = m.end()
         if m["arr"]:
-            if m["arr"] not in DTYPES:
+            name = m["arr"]
+            if name not in DTYPES and name in ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32",
+                                               "int64", "uint8", "uint16", "uint32", "uint64", "complex64",
+                                               "complex128"):
+                name = next(k for k, v in DTYPES.items() if v == name)
+            if name not in DTYPES:
                 close = difflib.get_close_matches(m["arr"], DTYPES, n=1)
                 raise UsageError(f"bad --arg {spec!r}: unknown dtype {m['arr']!r}"
                                  + (f" (did you mean {close[0]}?)" if close else f"; known: {' '.join(DTYPES)}"))
             dims = [d.strip() for d in m["dims"].split(",")] if m["dims"].strip() else []
             if not all(d.isdigit() for d in dims):
                 raise UsageError(f"bad --arg {spec!r}: shape {m['dims']!r} must be comma-separated integers")
-            toks.append(jax.ShapeDtypeStruct(tuple(map(int, dims)), np.dtype(DTYPES[m["arr"]])
-                                             if m["arr"] != "bf16" else jax.numpy.bfloat16))
+            toks.append(jax.ShapeDtypeStruct(tuple(map(int, dims)), jax.numpy.dtype(DTYPES[name])))
         else:
             toks.append(m["p"])
 
@@ -135,6 +138,7 @@ def cmd_passes(ns) -> int:
 def cmd_inspect(ns) -> int:
     from . import inspect as jfi
     from .inspect import program
+    from .inspect.draw import plan
     fn = load_function(ns.target)
     args = [parse_spec(s) for s in ns.arg]
     try:
@@ -142,15 +146,19 @@ def cmd_inspect(ns) -> int:
     except ValueError as e:
         raise UsageError(_first_line(e).removeprefix("jaxform: ")) from None
     try:
+        for path, engine in ((ns.html, "builtin"), (ns.svg, "graphviz")):
+            if path:
+                plan(path, engine)
+    except jfi.DrawError as e:
+        raise UsageError(_first_line(e).removeprefix("jaxform.draw: ")) from None
+    try:
         report = jfi.explain(fn, *args, passes=pipe, memory=not ns.no_memory, measure=ns.measure, reps=ns.reps,
                              progress=True)
         shown = jfi.show(fn, *args, passes=pipe)
-        for path in (ns.html, ns.svg):
+        for path, engine in ((ns.html, "builtin"), (ns.svg, "graphviz")):
             if path:
-                jfi.draw(fn, *args, path=path, passes=pipe)
+                jfi.draw(fn, *args, path=path, passes=pipe, engine=engine)
                 print(f"jaxform: wrote {path}", file=sys.stderr)
-    except jfi.DrawError as e:
-        raise UsageError(_first_line(e).removeprefix("jaxform.draw: ")) from None
     except Exception as e:
         if ns.traceback:
             raise
@@ -248,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="one per positional argument: dtype[shape], e.g. f32[1000,256,128], or (spec, spec)")
     i.add_argument("--passes", default=None, help="comma-separated pass names (default: the default pipeline)")
-    i.add_argument("--html", metavar="PATH", help="write a self-contained before/after page")
+    i.add_argument("--html", metavar="PATH", help="write a self-contained before/after page (.html; .svg: one SVG), no Graphviz needed")
     i.add_argument("--svg", metavar="PATH", help="write before/after graphs with Graphviz (.svg/.png/.pdf)")
     i.add_argument("--measure", action="store_true", help="also time before/after (jit, min of --reps)")
     i.add_argument("--reps", type=int, default=5)

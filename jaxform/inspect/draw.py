@@ -37,18 +37,7 @@ def draw(fn: Callable, *args, path: str | os.PathLike, passes: Sequence | str | 
     (our layout, also for .svg: no Graphviz needed).
     """
     path = os.fspath(path)
-    fmt = os.path.splitext(path)[1].lower().lstrip(".")
-    if fmt == "htm":
-        fmt = "html"
-    if fmt not in ("html", *GRAPHVIZ_FORMATS):
-        raise DrawError(f"jaxform.draw: cannot write {path!r}: use a path ending in .html, .svg, .png or .pdf")
-    if engine not in ("auto", "graphviz", "builtin"):
-        raise DrawError(f"jaxform.draw: engine must be 'auto', 'graphviz' or 'builtin', not {engine!r}")
-    builtin = engine == "builtin" or (engine == "auto" and fmt == "html")
-    if builtin and fmt not in ("html", "svg"):
-        raise DrawError(f"jaxform.draw: the builtin engine writes .html or .svg, not .{fmt}")
-    if not builtin:
-        _need_graphviz(path)
+    fmt, builtin = plan(path, engine)
     closed, _ = program.trace_flat(fn, args)
     fired: list = []
     after = program.run(closed, passes, lambda name, *_: fired.append(name))
@@ -65,6 +54,24 @@ def draw(fn: Callable, *args, path: str | os.PathLike, passes: Sequence | str | 
     with open(path, "wb") as f:
         f.write(data)
     return path
+
+
+def plan(path: str, engine: str = "auto") -> tuple[str, bool]:
+    """(format, use our layout?) for writing `path`; raises DrawError early for what cannot be written."""
+    fmt = os.path.splitext(path)[1].lower().lstrip(".")
+    fmt = "html" if fmt == "htm" else fmt
+    if fmt not in ("html", *GRAPHVIZ_FORMATS):
+        raise DrawError(f"jaxform.draw: cannot write {path!r}: use a path ending in .html, .svg, .png or .pdf")
+    if engine not in ("auto", "graphviz", "builtin"):
+        raise DrawError(f"jaxform.draw: engine must be 'auto', 'graphviz' or 'builtin', not {engine!r}")
+    builtin = engine == "builtin" or (engine == "auto" and fmt == "html")
+    if builtin and fmt not in ("html", "svg"):
+        raise DrawError(f"jaxform.draw: the builtin engine writes .html or .svg, not .{fmt}")
+    if not builtin and fmt not in GRAPHVIZ_FORMATS:
+        raise DrawError(f"jaxform.draw: Graphviz writes .svg, .png or .pdf, not .{fmt}")
+    if not builtin:
+        _need_graphviz(path)
+    return fmt, builtin
 
 
 def _need_graphviz(path: str) -> None:
