@@ -140,7 +140,9 @@ def to_dot(title, fired, before: Graph, after: Graph, m: Match, names_b, names_a
     """A graphviz.Digraph with 'before' and 'after' clusters, bodies as nested clusters."""
     import graphviz
     dot = graphviz.Digraph(graph_attr=dict(compound="true", rankdir="TB", fontname="Helvetica", labelloc="t",
-                                           label=f"{title}\n{_summary(fired, before, after)}", newrank="true"),
+                                           label=f"{title}\n{_summary(fired, before, after)}\n"
+                                           "orange: added or changed by the passes, red: removed; "
+                                           "dashed: bodies of scan/while/cond/jit", newrank="true"),
                            node_attr=dict(fontname="Courier", fontsize="10", shape="box", style="rounded,filled"),
                            edge_attr=dict(color="#78909c", arrowsize="0.6"))
     for side, g, names, mark in (("b", before, names_b, lambda n: "removed" if m.is_removed(n) else None),
@@ -155,9 +157,15 @@ def _dot_graph(dot, g: Graph, side: str, name, mark) -> str:
     """Add g's nodes and edges to `dot`; returns the id of a node inside (an anchor for cluster edges)."""
     src = {}
     io = dict(fillcolor=L.STYLE["io"][0], color=L.STYLE["io"][1])
-    for v in [*g.consts, *g.inputs]:
-        src[v.id] = nid = f"{side}v{v.id}"
-        dot.node(nid, f"{name(v)}: {L.aval_str(v)}", shape="ellipse", tooltip="constant" if v.is_const else "input", **io)
+    with dot.subgraph() as row:   # inputs in a row, in order
+        row.attr(rank="same")
+        for v in [*g.consts, *g.inputs]:
+            src[v.id] = nid = f"{side}v{v.id}"
+            row.node(nid, f"{name(v)}: {L.aval_str(v)}", shape="ellipse",
+                     tooltip="constant" if v.is_const else "input", **io)
+        ids = [src[v.id] for v in [*g.consts, *g.inputs]]
+        for x, y in zip(ids, ids[1:]):
+            row.edge(x, y, style="invis")
     for n in g.nodes:
         nid = f"{side}n{id(n)}"
         fill, stroke = L.STYLE[mark(n) if mark(n) or not n.regions else "region"]

@@ -9,8 +9,6 @@ temp memory before/after it, and for rule-set passes (`algebra`, user
 from __future__ import annotations
 
 import collections
-import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -82,13 +80,6 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _short(location: str) -> str:
-    """'file.py:12 (fn)': no column, paths under the working directory relative to it."""
-    cwd = os.getcwd() + os.sep
-    location = re.sub(r"^(.*:\d+):\d+((?: .*)?)$", r"\1\2", location)
-    return location[len(cwd):] if location.startswith(cwd) else location
-
-
 def _with_stats(p, stats: dict):
     """A pass that is a rule set (a `Rules`, or a function with `.rules` applying exactly them) records firings."""
     rules = p if hasattr(p, "apply") and hasattr(p, "rules") else getattr(p, "rules", None)
@@ -133,7 +124,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     for name, b, a in stages:
         gb, ga = Graph.from_jaxpr(b), Graph.from_jaxpr(a)
         m = match(gb, ga)
-        where = collections.Counter(_short(loc) for n in (*m.new_nodes, *m.removed_nodes) if (loc := n.location()))
+        where = collections.Counter(program.short_location(loc) for n in (*m.new_nodes, *m.removed_nodes) if (loc := n.location()))
         rules = stats.get(name)
         report.changes.append(Change(
             name, [loc for loc, _ in where.most_common()], (len(gb), len(ga)),

@@ -13,6 +13,7 @@ from html import escape
 from typing import Callable
 
 from ..ir import Graph, Node, Value
+from .program import short_location
 
 CHAR_W, LINE_H, PAD, GAP_X, GAP_Y = 7.0, 15, 8, 16, 30
 STYLE = {  # mark -> (fill, stroke)
@@ -58,7 +59,7 @@ def node_lines(n: Node, name: Callable[[Value], str]) -> list[str]:
 
 def node_tip(n: Node) -> str:
     params = ", ".join(f"{k}={v}"[:80] for k, v in sorted(n.params.items()))
-    return f"{n.name}[{params}]" + (f"\n{n.location()}" if n.location() else "")
+    return f"{n.name}[{params}]" + (f"\n{short_location(n.location())}" if n.location() else "")
 
 
 def layout(g: Graph, name: Callable[[Value], str], mark: Callable[[Node], str | None]) -> Box:

@@ -8,6 +8,7 @@ them into a ClosedJaxpr on flat arguments and runs the passes on it through
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Callable, Sequence
@@ -25,6 +26,13 @@ def fn_name(fn) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
     return f"{name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})" if code else name
+
+
+def short_location(location: str) -> str:
+    """'file.py:12 (fn)' from a node's location: no column, paths under the working directory made relative."""
+    cwd = os.getcwd() + os.sep
+    location = re.sub(r"^(.*:\d+):\d+((?: .*)?)$", r"\1\2", location)
+    return location[len(cwd):] if location.startswith(cwd) else location
 
 
 def trace_flat(fn: Callable, args: Sequence) -> tuple:
