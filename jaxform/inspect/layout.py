@@ -78,7 +78,8 @@ def layout(g: Graph, name: Callable[[Value], str], mark: Callable[[Node], str | 
         for o in n.outputs:
             src[o.id] = it
         items.append(it)
-    out = _Item("out", ["out: " + " ".join(name(v) for v in g.outputs)][:1], "outputs", "io")
+    outs = "out: " + " ".join(name(v) for v in g.outputs)
+    out = _Item("out", [outs if len(outs) <= 48 else outs[:45] + "..."], "outputs", "io")
     out.srcs = [src[v.id] for v in g.outputs if not v.is_literal and v.id in src]
     items.append(out)
     for it in items:   # sizes and layers (items are in dependency order)

@@ -6,7 +6,9 @@ a plain node corresponds to a before-node with the same primitive, params and
 (corresponding) operands, or failing that with the same primitive, params,
 result types and user source line (its operands were rewired); a node with bodies (scan, while, cond, jit, ...)
 corresponds to the before-node of the same primitive at the same user source
-line, and its bodies are matched recursively, body inputs by type and order.
+line, and its bodies are matched recursively: a body input corresponds to one
+fed by the corresponding operand in the same role (const/carry/xs), the
+remaining ones by type and order.
 What has no counterpart is *new* (after) or *removed* (before). The match is
 a heuristic for showing changes (a miss only over-highlights); it never
 affects the program.
@@ -40,6 +42,7 @@ class Match:
 
 def match(before: Graph, after: Graph) -> Match:
     m = Match()
+    _by_type(before.inputs, after.inputs, m)
     _graph(before, after, m)
     return m
 
@@ -53,24 +56,60 @@ def _lit_key(v: Value):
 
 
 def _by_type(vs_before, vs_after, m: Match) -> None:
-    """Pair values of the same type in order (the i-th f32[3] before with the i-th f32[3] after)."""
+    """Pair still-unpaired values of the same type in order (the i-th f32[3] before with the i-th after)."""
+    paired = {v.id for v in m.names.values()}
     pool = collections.defaultdict(collections.deque)
     for v in vs_before:
-        pool[str(v.aval)].append(v)
+        if v.id not in paired:
+            pool[str(v.aval)].append(v)
     for v in vs_after:
-        if pool[str(v.aval)]:
+        if v.id not in m.names and pool[str(v.aval)]:
             m.names[v.id] = pool[str(v.aval)].popleft()
 
 
-def _graph(b: Graph, a: Graph, m: Match) -> None:
+def _bkey(v: Value):
+    return _lit_key(v) if v.is_literal else ("v", v.id)
+
+
+def _akey(v: Value, m: Match):
+    return _lit_key(v) if v.is_literal else ("v", m.names[v.id].id) if v.id in m.names else ("new", v.id)
+
+
+def _feeds(n: Node, region: str, sub: Graph) -> list | None:
+    """(role, operand) feeding each input of a body of `n`, when known (loops, cond, calls)."""
+    ops, k = n.inputs, len(sub.inputs)
+    if n.name == "scan":
+        c, carry = n.params["num_consts"], n.params["num_carry"]
+        idx, role = range(len(ops)), lambda j: "const" if j < c else "carry" if j < c + carry else "xs"
+    elif n.name == "while":
+        c, b = n.params["cond_nconsts"], n.params["body_nconsts"]
+        idx = [*range(c), *range(c + b, len(ops))] if region == "cond" else range(c, len(ops))
+        role = lambda j: "const" if j < c + b else "carry"  # noqa: E731
+    elif n.name == "cond":
+        idx, role = range(1, len(ops)), lambda j: "op"
+    else:
+        idx, role = range(len(ops)), lambda j: "op"
+    return [(role(j), ops[j]) for j in idx] if len(idx) == k else None
+
+
+def _body_inputs(b: Graph, a: Graph, feeds_b, feeds_a, m: Match) -> None:
+    """Body inputs fed by corresponding operands in the same role correspond; the rest by type."""
+    if feeds_b is not None and feeds_a is not None:
+        pool = collections.defaultdict(collections.deque)
+        for v, (role, op) in zip(b.inputs, feeds_b):
+            pool[(role, _bkey(op))].append(v)
+        for v, (role, op) in zip(a.inputs, feeds_a):
+            if pool[(role, _akey(op, m))]:
+                m.names[v.id] = pool[(role, _akey(op, m))].popleft()
     _by_type(b.inputs, a.inputs, m)
+
+
+def _graph(b: Graph, a: Graph, m: Match) -> None:
     consts = {id(v.const): v for v in b.consts}
     for v in a.consts:
         if id(v.const) in consts:
             m.names[v.id] = consts[id(v.const)]
-    bkey = lambda v: _lit_key(v) if v.is_literal else ("v", v.id)  # noqa: E731
-    akey = lambda v: _lit_key(v) if v.is_literal else (  # noqa: E731
-        ("v", m.names[v.id].id) if v.id in m.names else ("new", v.id))
+    bkey, akey = _bkey, lambda v: _akey(v, m)  # noqa: E731
     plain, moved, nested = (collections.defaultdict(collections.deque) for _ in range(3))
     taken: set = set()
     for n in b.nodes:
@@ -110,6 +149,7 @@ def _graph(b: Graph, a: Graph, m: Match) -> None:
             subs_b = rb if isinstance(rb, tuple) else (rb,)
             for i, sa in enumerate(subs_a):
                 if i < len(subs_b):
+                    _body_inputs(subs_b[i], sa, _feeds(old, name, subs_b[i]), _feeds(n, name, sa), m)
                     _graph(subs_b[i], sa, m)
                 else:
                     for x, _ in sa.walk():

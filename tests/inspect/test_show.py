@@ -75,3 +75,18 @@ def test_match_marks_only_what_changed():
     m = match(g, after)
     assert sorted(n.name for n in m.removed_nodes) == ["mul", "sin"]
     assert [n.name for n in m.new_nodes] == []   # cse adds nothing: `add` is rewired, not new
+
+
+def test_body_inputs_follow_their_operands():
+    def loop(w, w_dead, h0, xs):
+        def cell(h, x):
+            jnp.sin(w_dead)                       # dead: dce drops it and w_dead as a scan constant
+            h = jnp.tanh(h @ w + x)
+            return h, h
+        return jax.lax.scan(cell, h0, xs)[1]
+    s = jaxform.show(loop, jnp.ones((3, 3)), jnp.ones((3, 3)), jnp.ones(3), jnp.ones((5, 3)), passes=["dce"])
+    assert s.fired == ["dce"]
+    changed = changed_lines(s.diff)
+    assert any("num_consts=1" in l for l in changed) and any(l.startswith("-") and " sin " in l for l in changed)
+    # the body's remaining inputs keep their names although their positions moved
+    assert not any("tanh" in l or "dot_general" in l or " add " in l for l in changed), s.diff
