@@ -149,25 +149,35 @@ def to_dot(title, fired, before: Graph, after: Graph, m: Match, names_b, names_a
                                  ("a", after, names_a, lambda n: "new" if m.is_new(n) else None)):
         with dot.subgraph(name=f"cluster_{side}") as c:
             c.attr(label="before" if side == "b" else "after", style="rounded", color="#cfd8dc")
-            _dot_graph(c, g, side, _namer(names), mark)
+            _dot_graph(c, g, _Ids(side), _namer(names), mark)
     return dot
 
 
-def _dot_graph(dot, g: Graph, side: str, name, mark) -> str:
+class _Ids:
+    """Stable Graphviz ids ('b1', 'b2', ...) in drawing order, so the same program gives the same file."""
+
+    def __init__(self, side: str):
+        self.side, self.ids = side, {}
+
+    def __call__(self, obj) -> str:
+        return self.ids.setdefault(id(obj), f"{self.side}{len(self.ids)}")
+
+
+def _dot_graph(dot, g: Graph, uid: _Ids, name, mark) -> str:
     """Add g's nodes and edges to `dot`; returns the id of a node inside (an anchor for cluster edges)."""
     src = {}
     io = dict(fillcolor=L.STYLE["io"][0], color=L.STYLE["io"][1])
     with dot.subgraph() as row:   # inputs in a row, in order
         row.attr(rank="same")
         for v in [*g.consts, *g.inputs]:
-            src[v.id] = nid = f"{side}v{v.id}"
+            src[v.id] = nid = uid(v)
             row.node(nid, f"{name(v)}: {L.aval_str(v)}", shape="ellipse",
                      tooltip="constant" if v.is_const else "input", **io)
         ids = [src[v.id] for v in [*g.consts, *g.inputs]]
         for x, y in zip(ids, ids[1:]):
             row.edge(x, y, style="invis")
     for n in g.nodes:
-        nid = f"{side}n{id(n)}"
+        nid = uid(n)
         fill, stroke = L.STYLE[mark(n) if mark(n) or not n.regions else "region"]
         dot.node(nid, "\n".join(L.node_lines(n, name)), tooltip=L.node_tip(n), fillcolor=fill, color=stroke,
                  **({"penwidth": "2"} if mark(n) else {}))
@@ -177,17 +187,17 @@ def _dot_graph(dot, g: Graph, side: str, name, mark) -> str:
         for rname, r in n.regions.items():
             subs = r if isinstance(r, tuple) else (r,)
             for i, sub in enumerate(subs):
-                cname = f"cluster_{side}{id(sub)}"
+                cname = f"cluster_{uid(sub)}"
                 with dot.subgraph(name=cname) as c:
                     c.attr(label=f"{n.name} {rname}" + (f"[{i}]" if isinstance(r, tuple) else ""),
                            style="rounded,dashed", color=L.STYLE["region"][1], fontname="Helvetica")
-                    anchor = _dot_graph(c, sub, side, name, mark)
+                    anchor = _dot_graph(c, sub, uid, name, mark)
                 dot.edge(nid, anchor, lhead=cname, style="dotted", arrowhead="none")
         for o in n.outputs:
             src[o.id] = nid
-    out = f"{side}out{id(g)}"
-    dot.node(out, "out: " + " ".join(name(v) for v in g.outputs), shape="ellipse", tooltip="outputs", **io)
+    out, label = uid(g.outputs), "out: " + " ".join(name(v) for v in g.outputs)
+    dot.node(out, label if len(label) <= 48 else label[:45] + "...", shape="ellipse", tooltip="outputs", **io)
     for v in g.outputs:
         if not v.is_literal and v.id in src:
             dot.edge(src[v.id], out)
-    return f"{side}v{g.inputs[0].id}" if g.inputs else out
+    return uid(g.inputs[0]) if g.inputs else out
