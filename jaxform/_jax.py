@@ -167,16 +167,17 @@ def _optional_params() -> dict[str, dict[str, Any]]:
     (Graph.add, Builder) need only the params that matter.
     """
     import jax.numpy as jnp
+    import numpy as np
     from jax import lax
-    x, m = jnp.ones((2, 2)), jnp.ones((2, 2), jnp.int32)
-    calls = [lambda: [f(x) for f in (lax.sin, lax.cos, lax.tan, lax.exp, lax.exp2, lax.log, lax.log1p, lax.expm1,
-                                      lax.tanh, lax.logistic, lax.sqrt, lax.rsqrt, lax.cbrt)],
-             lambda: (x.sum(0), x.max(0), x.min(0), x.prod(0), m.sum(0), jnp.argmax(x, 0), x.astype(jnp.int32)),
-             lambda: (lax.broadcast_in_dim(x, (3, 2, 2), (1, 2)), x @ x, x.reshape(4), lax.iota(jnp.int32, 3),
-                      jnp.zeros(3), lax.reduce_precision(x, 5, 10), jnp.cumsum(x, 0), x * x)]
+    # numpy example inputs, traced as arguments: nothing leaks into a trace that is active when this first runs
+    calls = [lambda x, m: [f(x) for f in (lax.sin, lax.cos, lax.tan, lax.exp, lax.exp2, lax.log, lax.log1p,
+                                         lax.expm1, lax.tanh, lax.logistic, lax.sqrt, lax.rsqrt, lax.cbrt)],
+             lambda x, m: (x.sum(0), x.max(0), x.min(0), x.prod(0), m.sum(0), jnp.argmax(x, 0), x.astype(jnp.int32)),
+             lambda x, m: (lax.broadcast_in_dim(x, (3, 2, 2), (1, 2)), x @ x, x.reshape(4), lax.iota(jnp.int32, 3),
+                           jnp.zeros(3), lax.reduce_precision(x, 5, 10), jnp.cumsum(x, 0), x * x)]
     found: dict[str, dict[str, Any]] = {}
     for c in calls:
-        for e in jax.make_jaxpr(c)().eqns:
+        for e in jax.make_jaxpr(c)(np.ones((2, 2), np.float32), np.ones((2, 2), np.int32)).eqns:
             found.setdefault(e.primitive.name, {}).update({k: None for k, v in e.params.items() if v is None})
     return found
 

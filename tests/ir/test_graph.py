@@ -101,3 +101,14 @@ def test_printing_and_diff():
     d = diff(before, after)
     assert "+" in d and "cos" in d and diff(before, before) == ""
     assert str(g) == format_graph(g)
+
+
+def test_optional_params_table_leaks_nothing_into_an_active_trace():
+    """The table is built by tracing lax calls; built first inside a user's trace it must add no equations."""
+    from jaxform import _jax
+    table = _jax._optional_params.__wrapped__
+
+    def f(x):
+        assert "sin" in table()
+        return jnp.sin(x)
+    assert [e.primitive.name for e in jax.make_jaxpr(f)(1.0).eqns] == ["sin"]
