@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 
+import numpy as np
+
 from .graph import Graph, Value
 
 
@@ -37,7 +39,8 @@ def format_graph(g: Graph, names: dict | None = None, indent: int = 0) -> str:
 
     def name(v: Value) -> str:
         if v.is_literal:
-            return f"{v.literal}:{v.aval.str_short(short_dtypes=True)}"
+            lit = np.asarray(v.literal)  # TypedInt/TypedFloat and numpy scalars print as plain numbers
+            return f"{lit.item() if lit.ndim == 0 else lit}:{v.aval.str_short(short_dtypes=True)}"
         if v.id not in names:
             names[v.id] = _fresh(names)
         return names[v.id]

@@ -112,3 +112,8 @@ def test_optional_params_table_leaks_nothing_into_an_active_trace():
         assert "sin" in table()
         return jnp.sin(x)
     assert [e.primitive.name for e in jax.make_jaxpr(f)(1.0).eqns] == ["sin"]
+
+
+def test_literals_print_as_plain_numbers():
+    text = str(jaxform.trace(lambda x, i: (x + 1, i * 3), jnp.ones(3, jnp.int32), 2))
+    assert "add a 1:i32[]" in text and "mul b 3:i32[]" in text and "Typed" not in text
