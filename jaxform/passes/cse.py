@@ -12,7 +12,7 @@ from ..ir import Graph, Node
 from . import register
 
 
-def _key(node: Node, name=lambda v: v.id):
+def node_key(node: Node, name=lambda v: v.id):
     """Hashable identity of what a node computes (TypeError if a param is unhashable)."""
     ins = tuple(("lit", str(v.aval), np.asarray(v.literal).tobytes()) if v.is_literal else name(v) for v in node.inputs)
     params = tuple(sorted(node.params.items()))
@@ -26,7 +26,7 @@ def _structure(g: Graph):
     local.update((v.id, ("const", id(v.const))) for v in g.consts)
     nodes = []
     for k, n in enumerate(g.nodes):
-        nodes.append(_key(n, lambda v: local.get(v.id, ("free", v.id))))
+        nodes.append(node_key(n, lambda v: local.get(v.id, ("free", v.id))))
         local.update((o.id, ("node", k, j)) for j, o in enumerate(n.outputs))
     outs = tuple(("lit", str(v.aval), np.asarray(v.literal).tobytes()) if v.is_literal else local[v.id] for v in g.outputs)
     return tuple(nodes), outs
@@ -41,7 +41,7 @@ def cse(graph: Graph) -> Graph:
         if node.effects or node.params.get("prevent_cse"):
             continue
         try:
-            key = _key(node)
+            key = node_key(node)
         except TypeError:  # unhashable params: leave the node alone
             continue
         first = seen.setdefault(key, node)

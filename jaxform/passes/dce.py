@@ -24,7 +24,7 @@ def dce(graph: Graph) -> Graph:
                 changed = True
                 continue
             if node.name == "scan" or node.name in CALLS:
-                changed |= _shrink(node)
+                changed |= shrink_unused(node)
             for sub in node.subgraphs():
                 dce(sub)
     return graph
@@ -34,7 +34,7 @@ def _drop(seq, keep):
     return type(seq)(x for x, k in zip(seq, keep) if k)
 
 
-def _shrink(node: Node) -> bool:
+def shrink_unused(node: Node) -> bool:
     """Drop unused results and unread inputs of a scan's ys/consts/xs or a call."""
     body: Graph = node.regions["body"]
     n_out, n_in = len(node.outputs), len(node.inputs)

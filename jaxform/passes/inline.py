@@ -12,7 +12,8 @@ from ..ir.regions import CALLS
 from . import register
 
 
-def _inlinable(node: Node) -> bool:
+def inlinable(node: Node) -> bool:
+    """A call that pins nothing (no shardings, layouts, donation, effects): its body can merge into the caller."""
     p = node.params
     return (node.name in CALLS and not node.effects
             and all(_jax.is_unspecified(s) for s in p.get("in_shardings", ()) + p.get("out_shardings", ()))
@@ -26,7 +27,7 @@ def inline(graph: Graph) -> Graph:
     for node in graph.nodes:
         for sub in node.subgraphs():
             inline(sub)
-        if not _inlinable(node):
+        if not inlinable(node):
             nodes.append(node)
             continue
         nodes.extend(inline_call(graph, node))

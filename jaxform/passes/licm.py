@@ -35,7 +35,7 @@ import math
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 from . import register
-from .cse import _key, cse
+from .cse import cse, node_key
 
 EXPANSION_LIMIT = 1 << 20   # bytes a moved node may produce beyond its inputs' size
 TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
@@ -192,8 +192,8 @@ def _peel(region: Graph, call: Node, known: set[int]) -> list[Node]:
 
 
 def _plain_jit(call: Node) -> bool:
-    from .inline import _inlinable   # a jit that pins nothing: new operands can be unpinned too
-    return bool(call.inputs) and _inlinable(call)
+    from .inline import inlinable   # a jit that pins nothing: new operands can be unpinned too
+    return bool(call.inputs) and inlinable(call)
 
 
 # ---- loops and conds --------------------------------------------------------------
@@ -331,6 +331,6 @@ def _safe_key(node: Node, names: dict):
     if not all(v.is_literal or v.id in names for v in node.inputs):
         return None
     try:
-        return _key(node, lambda v: names[v.id])
+        return node_key(node, lambda v: names[v.id])
     except TypeError:
         return None

@@ -50,7 +50,7 @@ import numpy as np
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 from . import register
-from .dce import _shrink
+from .dce import shrink_unused
 
 UNARY = frozenset({
     "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
@@ -303,4 +303,4 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan) -> N
     for n in plan.terms + plan.nodes[::-1]:   # consumers first
         if not n.dead and all(not o.uses for o in n.outputs):
             graph.remove(n)
-    _shrink(scan)   # the fused ys (now unused) and unread inputs leave the scan
+    shrink_unused(scan)   # the fused ys (now unused) and unread inputs leave the scan
