@@ -295,7 +295,16 @@ class Graph:
 
         eqns, emitted = [], set()
 
-        def emit(node: Node):
+        def emit_one(n: Node):
+            emitted.add(id(n))
+            outvars = [env.setdefault(o.id, _jax.Var(o.aval)) if o.uses else _jax.DropVar(o.aval)
+                       for o in n.outputs]
+            effects = {e if t is None else e.replace(env.get(t.id, _jax.input_effect_target(e)))
+                       for e, t in n.effects}
+            eqns.append(_jax.new_jaxpr_eqn([atom(v) for v in n.inputs], outvars, n.prim, n.full_params(),
+                                           effects, n.source_info, n.ctx))
+
+        def emit(node: Node):  # producers first (node order may be stale after edits)
             stack = [(node, False)]
             while stack:
                 n, ready = stack.pop()
@@ -306,16 +315,13 @@ class Graph:
                     stack.extend((v.producer, False) for v in reversed(n.inputs)
                                  if v.producer is not None and id(v.producer) not in emitted)
                     continue
-                emitted.add(id(n))
-                outvars = [env.setdefault(o.id, _jax.Var(o.aval)) if o.uses else _jax.DropVar(o.aval)
-                           for o in n.outputs]
-                effects = {e if t is None else e.replace(env.get(t.id, _jax.input_effect_target(e)))
-                           for e, t in n.effects}
-                eqns.append(_jax.new_jaxpr_eqn([atom(v) for v in n.inputs], outvars, n.prim, n.full_params(),
-                                               effects, n.source_info, n.ctx))
+                emit_one(n)
 
         for n in self.nodes:
-            emit(n)
+            if all(v.producer is None or id(v.producer) in emitted for v in n.inputs):
+                emit_one(n)   # the common case: already in order
+            else:
+                emit(n)
         outvars = [atom(v) for v in self.outputs]
         effects = _jax.jaxpr_effects(constvars, invars, outvars, eqns)
         debug = self.debug_info
