@@ -9,7 +9,6 @@ already done it; the pass must never be slower beyond noise.
 Run: .venv/bin/python benchmarks/licm.py [--quick]
 """
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ import numpy as np
 from jax import lax
 
 import jaxform
+from jaxform.inspect.program import min_time
 from jaxform.ir import Graph
 
 QUICK = "--quick" in sys.argv
@@ -109,19 +109,6 @@ def in_loops(g: Graph, depth: int = 0) -> int:
                for n in g.nodes)
 
 
-def timeit(fs, args):
-    """Min-of-REPS wall time of each function, runs interleaved so that load drift hits all alike."""
-    for f in fs:
-        jax.block_until_ready(f(*args))
-    best = [float("inf")] * len(fs)
-    for _ in range(REPS):
-        for k, f in enumerate(fs):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
-
-
 def temp(f, args):
     return f.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
@@ -136,7 +123,7 @@ def main():
         after = in_loops(jaxform.trace(ours, *args))
         jf, jo = jax.jit(f), jax.jit(ours)
         np.testing.assert_allclose(jf(*args), jo(*args), rtol=2e-4, atol=2e-4)
-        to, tu, th = timeit([jf, jo, jax.jit(hand) if hand else jf], args)
+        to, tu, th = min_time([jf, jo, jax.jit(hand) if hand else jf], args, REPS)
         th = th if hand else float("nan")
         same = str(jax.make_jaxpr(f)(*args)) == str(jax.make_jaxpr(ours)(*args))
         print(f"{name:30s} {before:5d} ->{after:3d} {to * 1e3:9.2f} {tu * 1e3:9.2f} {th * 1e3:9.2f} "
