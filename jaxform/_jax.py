@@ -185,3 +185,18 @@ def _optional_params() -> dict[str, dict[str, Any]]:
 def complete_params(prim: Primitive, params: dict) -> dict:
     """`params` plus any optional params (set to None) that `prim` expects but the caller left out."""
     return {**_optional_params().get(prim.name, {}), **params}
+
+
+def primitive_harnesses() -> list | None:
+    """JAX's own primitive test harnesses (jax._src.internal_test_util.test_harnesses); None if absl-py is missing.
+
+    5,594 small programs over 132 primitives (JAX 0.10.2), each with `dyn_fun`,
+    `dyn_args_maker(rng)`, `group_name`, `fullname`, `filter(device)` and
+    `jax_unimplemented`: the peer suite in tests/peer/test_harnesses.py runs them
+    through the Graph round trip and the default pipeline.
+    """
+    try:
+        from jax._src.internal_test_util import test_harnesses
+    except ImportError:  # the module imports absl.testing
+        return None
+    return test_harnesses.all_harnesses
