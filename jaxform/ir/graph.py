@@ -318,6 +318,8 @@ class Graph:
                 emit_one(n)
 
         for n in self.nodes:
+            if id(n) in emitted:
+                continue      # already emitted as a producer of an earlier node
             if all(v.producer is None or id(v.producer) in emitted for v in n.inputs):
                 emit_one(n)   # the common case: already in order
             else:
