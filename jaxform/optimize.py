@@ -133,7 +133,8 @@ def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "
             out = g.to_jaxpr()
             verify(out, good)
         except Exception as e:
-            msg = f"jaxform: pass {name!r} failed on {where or 'a program'} and was skipped: {type(e).__name__}: {e}"
+            msg = f"jaxform: pass {name!r} failed on {where or 'a program'}" + \
+                ("" if strict else " and was skipped") + f": {type(e).__name__}: {e}"
             if strict:
                 raise PassError(msg) from e
             warnings.warn(msg, stacklevel=3)
