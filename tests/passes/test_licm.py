@@ -309,10 +309,20 @@ def test_large_broadcast_stays():
 
 def test_trivial_and_literal_work_stays():
     def f(x, W):
-        body = lambda c, _: (c + jnp.zeros(8) + jnp.arange(8.0) + W.T[0], None)   # noqa: E731
+        body = lambda c, _: (c + jnp.zeros(8) + jnp.arange(8.0), None)  # noqa: E731
         return lax.scan(body, x, None, length=3)[0]
     before, after, _ = moved(f, X, W)
     assert before == after
+
+
+def test_layout_ops_that_do_not_grow_move():
+    """A transpose/slice of a loop constant moves (one buffer, not a copy per step); a broadcast stays."""
+    def f(x, W):
+        body = lambda c, _: (c + W.T[0] + jnp.broadcast_to(W[0, 0], (8,)), None)   # noqa: E731
+        return lax.scan(body, x, None, length=3)[0]
+    before, after, g = moved(f, X, W)
+    body = next(n for n in g.nodes if n.name == "scan").regions["body"]
+    assert "transpose" not in {n.name for n in body.nodes} and "broadcast_in_dim" in {n.name for n in body.nodes}
 
 
 def test_nothing_invariant_nothing_moves():
@@ -345,7 +355,7 @@ def test_while_keeps_only_live_consts():
     """W itself is no longer read by the body once exp(W) moved out: it stops being a loop constant."""
     _, _, g = moved(fori_dynamic, W, X, 3, check=False)
     loop = next(n for n in g.nodes if n.name == "while")
-    assert loop.params["body_nconsts"] == 1 and loop.inputs[0].producer.name == "exp"
+    assert loop.params["body_nconsts"] == 1 and loop.inputs[0].producer.name == "transpose"   # exp(W).T
     _, _, g = moved(while_cond_work, W, X, check=False)
     loop = next(n for n in g.nodes if n.name == "while")
     assert all(v.producer is not None for v in loop.inputs[:loop.params["cond_nconsts"]])
