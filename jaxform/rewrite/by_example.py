@@ -29,11 +29,13 @@ from .pattern import COMMUTATIVE, Pat, const_value
 
 
 def rule_by_example(pattern_fn: Callable, replacement_fn: Callable, *example_args, name: str = "",
-                    exact: bool = False) -> Rule:
+                    exact: bool = False, where: Callable[..., bool] | None = None) -> Rule:
     """A Rule replacing `pattern_fn(*xs)` by `replacement_fn(*xs)` wherever it occurs.
 
     example_args: arrays or ShapeDtypeStructs fixing the ranks/dtypes the pattern is traced
     with (default f32[5, 7] for each argument). exact: the replacement is bit-for-bit equal.
+    where: a predicate on the matched graph Values (one per argument, in order); the rule
+    fires only where it is true, e.g. to keep it off its own output.
     """
     names = _arg_names(pattern_fn)
     specs = [_spec(a) for a in example_args] if example_args else \
@@ -56,6 +58,8 @@ def rule_by_example(pattern_fn: Callable, replacement_fn: Callable, *example_arg
 
     def check(caps: dict, root: Value) -> bool:
         ins = [caps[n] for n in names]
+        if where is not None and not where(*ins):
+            return False
         key = tuple(v.aval for v in ins)
         if key not in traced:
             try:

@@ -214,9 +214,14 @@ class _Driver:
                 continue
             root = node.outputs[0]
             for rule in rules:
-                caps = rule.pat.match(root)
-                if caps is None or (rule.check is not None and not rule.check(caps, root)):
-                    continue
+                try:
+                    caps = rule.pat.match(root)
+                    if caps is None or (rule.check is not None and not rule.check(caps, root)):
+                        continue
+                except RewriteError:
+                    raise
+                except Exception as e:
+                    raise _rule_error(rule, node, "pattern (a where=/params predicate)", e) from e
                 new = self.fire(graph, node, rule, caps, consts_ok)
                 if new is None:
                     continue
@@ -240,7 +245,13 @@ class _Driver:
         kwargs = {k: v for k, v in caps.items() if not k.startswith("_")}
         if rule.uses_ctx:
             ctx = Ctx(graph, node)
-            out = rule.fn(**kwargs, ctx=ctx)
+            try:
+                out = rule.fn(**kwargs, ctx=ctx)
+            except RewriteError:
+                raise
+            except Exception as e:
+                _remove_unused(graph, reversed(ctx.created))
+                raise _rule_error(rule, node, "replacement", e, kwargs) from e
             created = ctx.created
             if out is None:
                 _remove_unused(graph, reversed(created))
@@ -250,7 +261,7 @@ class _Driver:
             if spliced is None:
                 return None
             out, created = spliced
-        outs = [out] if isinstance(out, Value) else list(out)
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
         _check_types(rule, node, outs)
         if all(o is r for o, r in zip(outs, node.outputs)):
             _remove_unused(graph, reversed(created))
@@ -272,6 +283,17 @@ class _Driver:
             f"the code at {node.location() or 'an unknown location'}. The last {sum(k for _, k in counts)} "
             f"rewrites were by {names}. Make sure no rule undoes another (e.g. a -> b and b -> a) and that "
             f"each replacement is not itself matched by the same rule.")
+
+
+def _rule_error(rule: Rule, node: Node, part: str, e: Exception, caps: dict | None = None) -> RewriteError:
+    """A rule's own code raised: say which rule, on what, at which user line."""
+    on = ""
+    if caps:
+        a = lambda v: v.aval if isinstance(v, Value) else v
+        show = lambda v: a(v).str_short(short_dtypes=True) if hasattr(a(v), "str_short") else repr(v)
+        on = " on captures {" + ", ".join(f"{k}: {show(v)}" for k, v in caps.items()) + "}"
+    return RewriteError(f"jaxform: the {part} of rule {rule.name!r} failed{on} (matched {node.prim.name} at "
+                        f"{node.location() or '?'}): {type(e).__name__}: {e}")
 
 
 def _users_above(values: Sequence[Value], depth: int) -> list[Node]:
@@ -305,10 +327,10 @@ def _check_types(rule: Rule, node: Node, outs: list) -> None:
         not isinstance(o, Value) or o.aval.shape != r.aval.shape or o.aval.dtype != r.aval.dtype
         for o, r in zip(outs, node.outputs))
     if bad:
-        got = [o.aval.str_short() if isinstance(o, Value) else type(o).__name__ for o in outs]
+        got = [o.aval.str_short(short_dtypes=True) if isinstance(o, Value) else type(o).__name__ for o in outs]
         raise RewriteError(
             f"jaxform: rule {rule.name!r} replaced {node.prim.name} at {node.location() or '?'} "
-            f"({[o.aval.str_short() for o in node.outputs]}) by values of type {got}; "
+            f"({[o.aval.str_short(short_dtypes=True) for o in node.outputs]}) by values of type {got}; "
             f"a replacement must have the same shapes and dtypes (return None to decline).")
 
 
@@ -379,9 +401,7 @@ def _trace(rule: Rule, node: Node, dyn, static, avals):
     try:
         closed = jax.make_jaxpr(f)(*specs)
     except Exception as e:
-        raise RewriteError(f"jaxform: the replacement of rule {rule.name!r} failed on captures "
-                           f"{ {k: a.str_short() for k, a in zip(dyn, avals)} } (matched at "
-                           f"{node.location() or '?'}): {type(e).__name__}: {e}") from e
+        raise _rule_error(rule, node, "replacement", e, dict(zip(dyn, avals))) from e
     if declined:
         return _DECLINED
     if closed.effects:

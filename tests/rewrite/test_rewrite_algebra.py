@@ -120,3 +120,40 @@ def test_rules_fire_in_the_gradient_program():
     g = jax.grad(fn)
     out = assert_pass_ok("algebra", g, X)
     assert len(prims(out)) < len(prims(jax.make_jaxpr(g)(X)))
+
+
+def _inner(v):
+    return -(-jnp.log(jnp.exp(v)) * 1.0)      # three rules: log(exp), x*1, --x
+
+
+NESTED = {  # body kind -> (program, differentiable)
+    "scan": (lambda x: lax.scan(lambda c, a: (c + _inner(a), _inner(a) - 0.0), x[0], x), True),
+    "cond": (lambda x: lax.cond(x.sum() > 0, _inner, jnp.sin, x), True),
+    "while": (lambda x: lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, _inner(s[1]) * 0.5), (0, x))[1],
+              False),   # no reverse-mode through while_loop
+    "jit": (lambda x: jax.jit(lambda v: jax.jit(_inner)(v) * 2.0)(x), True),
+}
+
+
+@pytest.mark.parametrize("kind", NESTED)
+def test_algebra_fires_inside_bodies(kind):
+    fn, diff = NESTED[kind]
+    out = assert_pass_ok("algebra", fn, X, grad=diff)
+    left, before = prims(out), prims(jax.make_jaxpr(fn)(X))
+    assert kind in before and kind in left       # rewritten in place, the body kept
+    assert "exp" in before and "exp" not in left and "neg" not in left and len(left) < len(before)
+    assert {"log(exp(x)) -> x", "x*1 -> x", "--x -> x"} <= set(fired(fn, X))
+
+
+# ---- safe on every program of the corpus -----------------------------
+import os  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+from corpus import PROGRAMS  # noqa: E402
+
+
+@pytest.mark.parametrize("name,fn,args,diff", PROGRAMS, ids=[p[0] for p in PROGRAMS])
+def test_algebra_on_the_corpus(name, fn, args, diff):
+    assert_pass_ok("algebra", fn, *args, grad=diff)
+

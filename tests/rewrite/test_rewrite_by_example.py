@@ -109,3 +109,21 @@ def test_errors():
         rule_by_example(lambda *xs: jnp.sin(xs[0]), lambda x: x)
     with pytest.raises(TypeError, match="takes 1 arguments, got 2 examples"):
         rule_by_example(lambda x: jnp.sin(x), lambda x: x, U, U)
+
+
+def test_where_keeps_a_rule_off_its_own_output():
+    naive = lambda x: jnp.log(jnp.sum(jnp.exp(x), axis=-1))
+
+    def stable(x):
+        m = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+        return jnp.log(jnp.sum(jnp.exp(x - m), axis=-1)) + m[..., 0]
+    with pytest.raises(PassError, match="do not terminate"):      # stable contains the pattern again
+        rewrite(naive, [rule_by_example(naive, stable)])(U)
+    shifted = jaxform.Pat("sub", jaxform.Pat.any(), jaxform.Pat("stop_gradient"))
+    seen = []
+    rule = rule_by_example(naive, stable, name="lse",
+                           where=lambda x: seen.append(x) or shifted.match(x) is None)
+    f2 = rewrite(naive, [rule])
+    assert_same(naive, f2, U)
+    assert f2.stats.fired == {"lse": 1} and all(isinstance(v, jaxform.Value) for v in seen)
+    np.testing.assert_allclose(f2(U * 100), jax.nn.logsumexp(U * 100, axis=-1), rtol=1e-6)

@@ -103,16 +103,48 @@ def test_literal_captures_arrive_as_concrete_scalars():
     assert [n.prim.name for n in g.nodes] == ["sin", "mul"] and g.nodes[1].inputs[1].literal == 15.0
 
 
-def test_replacement_of_wrong_type_is_a_clear_error():
-    g = jaxform.trace(lambda x: jnp.sin(x), X)
-    with pytest.raises(RewriteError, match=r"rule 'bad' replaced sin .*same shapes and dtypes"):
-        Rules([(Pat("sin", x_), lambda x: x[0], "bad")]).apply(g)
+def user_sin(x):
+    return jnp.sin(x)
 
 
-def test_replacement_that_raises_names_the_rule():
-    g = jaxform.trace(lambda x: jnp.sin(x), X)
-    with pytest.raises(RewriteError, match=r"replacement of rule 'oops' failed .*ZeroDivisionError"):
-        Rules([(Pat("sin", x_), lambda x: 1 / 0, "oops")]).apply(g)
+SIN_LINE = f"test_rewrite_engine.py:{user_sin.__code__.co_firstlineno + 1}"
+
+
+@pytest.mark.parametrize("fn,got", [
+    (lambda x: x[0], r"\['f32\[4\]'\]"),                                  # wrong shape (traced)
+    (lambda x: x.astype(jnp.int32), r"\['i32\[3,4\]'\]"),                # wrong dtype (traced)
+    (lambda x, ctx: ctx.reduce_sum(x, axes=(0,)), r"\['f32\[4\]'\]"),     # wrong shape (builder)
+    (lambda x, ctx: 0.0, r"\['float'\]"),                                 # not a Value (builder)
+    (lambda x, ctx: [x, x], r"\['f32\[3,4\]', 'f32\[3,4\]'\]"),          # too many outputs
+])
+def test_replacement_of_wrong_type_is_a_clear_error(fn, got):
+    g = jaxform.trace(user_sin, X)
+    with pytest.raises(RewriteError, match=rf"rule 'bad' replaced sin at \S*{SIN_LINE}\S* \(user_sin\) \(\['f32\[3,4\]'\]\) "
+                                           rf"by values of type {got}; .*same shapes and dtypes"):
+        Rules([(Pat("sin", x_), fn, "bad")]).apply(g)
+
+
+@pytest.mark.parametrize("rule,part", [
+    ((Pat("sin", x_), lambda x: 1 / 0, "oops"), "replacement"),                       # traced
+    ((Pat("sin", x_), lambda x, ctx: 1 / 0, "oops"), "replacement"),                  # builder
+    ((Pat("sin", x_, where=lambda v: 1 / 0), lambda x: x, "oops"), "pattern"),        # predicate
+    ((Pat("sin", x_, params=lambda p: 1 / 0), lambda x: x, "oops"), "pattern"),
+])
+def test_rule_that_raises_names_the_rule_and_the_line(rule, part):
+    g = jaxform.trace(user_sin, X)
+    with pytest.raises(RewriteError, match=rf"the {part}.* of rule 'oops' failed.* at \S*{SIN_LINE}\S* \(user_sin\)\): "
+                                           r"ZeroDivisionError"):
+        Rules([rule]).apply(g)
+
+
+def test_rule_errors_through_rewrite_keep_the_message():
+    f2 = rewrite(user_sin, [(Pat("sin", x_), lambda x: x[0], "bad")])
+    with pytest.raises(PassError, match=rf"rule 'bad' replaced sin at \S*{SIN_LINE}"):
+        f2(X)
+    f3 = rewrite(user_sin, [(Pat("sin", x_), lambda x, ctx: ctx.no_such_prim(x), "unknown")])
+    with pytest.raises(PassError, match=rf"replacement of rule 'unknown' failed on captures \{{x: f32\[3,4\]\}} "
+                                        rf"\(matched sin at \S*{SIN_LINE}\S* \(user_sin\)\)"):
+        f3(X)
 
 
 def test_root_must_name_a_primitive():
