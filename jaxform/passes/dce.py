@@ -57,7 +57,8 @@ def shrink_unused(node: Node) -> bool:
             keep_in[i] = bool(body.inputs[i].uses)
     else:
         keep_in = [bool(v.uses) for v in body.inputs]
-    if not all(keep_in) and not node.effects:
+    drop_in = not all(keep_in) and not node.effects
+    if drop_in:
         if node.name == "scan":
             node.params["num_consts"] -= sum(not k for k in keep_in[roles["consts"]])
         for key in ("in_shardings", "in_layouts", "donated_invars"):
@@ -65,5 +66,5 @@ def shrink_unused(node: Node) -> bool:
                 node.params[key] = _drop(node.params[key], keep_in)
         body.inputs = _drop(body.inputs, keep_in)
         node.set_inputs(_drop(node.inputs, keep_in))
-    return not (all(keep_out) and all(keep_in))
+    return not all(keep_out) or drop_in
 

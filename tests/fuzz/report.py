@@ -1,0 +1,44 @@
+"""Fuzzing counts across pytest-xdist workers: one JSON file per chunk in a temp dir, one summary.
+
+The directory is keyed by the pytest controller's pid (a worker's parent), so
+the summary printed at the end of the session (conftest.py) covers this run only.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import tempfile
+
+
+def run_dir(controller: bool = False) -> str:
+    pid = os.getpid() if controller or "PYTEST_XDIST_WORKER" not in os.environ else os.getppid()
+    return os.path.join(tempfile.gettempdir(), "jaxform-fuzz", str(pid))
+
+
+def record(chunk: int, stats: collections.Counter, names: list[str]) -> None:
+    d = run_dir()
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"chunk-{chunk}.json"), "w") as f:
+        json.dump({"stats": dict(stats), "pipelines": names}, f)
+
+
+def summary(d: str) -> str | None:
+    """The report text for the chunks recorded in `d` (None if there are none); also written to d/report.txt."""
+    files = sorted(f for f in os.listdir(d) if f.startswith("chunk-")) if os.path.isdir(d) else []
+    if not files:
+        return None
+    total, names = collections.Counter(), set()
+    for f in files:
+        with open(os.path.join(d, f)) as fh:
+            data = json.load(fh)
+        total.update(data["stats"])
+        names.update(data["pipelines"])
+    n = total["programs"]
+    lines = [f"jaxform differential fuzzing: {n} programs x {len(names)} pipelines ({len(files)} chunks), "
+             "all checked: check_jaxpr, values, derivatives, vmap"]
+    lines += [f"  {name:<24} changed {total[f'{name}:changed']:>5} / {n}" for name in sorted(names)]
+    text = "\n".join(lines)
+    with open(os.path.join(d, "report.txt"), "w") as fh:
+        fh.write(text + "\n")
+    return text
