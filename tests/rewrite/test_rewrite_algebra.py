@@ -153,7 +153,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from corpus import PROGRAMS  # noqa: E402
 
 
-@pytest.mark.parametrize("name,fn,args,diff", PROGRAMS, ids=[p[0] for p in PROGRAMS])
+HEAVY = {"equinox_train_step", "mlp_train_step", "flax_train_step"}   # 10-40 s each on 2 busy cores
+
+
+@pytest.mark.parametrize("name,fn,args,diff", [pytest.param(*p, marks=pytest.mark.slow) if p[0] in HEAVY else p
+                                               for p in PROGRAMS], ids=[p[0] for p in PROGRAMS])
 def test_algebra_on_the_corpus(name, fn, args, diff):
     assert_pass_ok("algebra", fn, *args, grad=diff)
 

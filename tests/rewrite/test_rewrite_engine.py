@@ -253,3 +253,12 @@ def test_array_constant_in_a_body_that_cannot_hold_one_is_a_clear_error():
     top = rewrite(jnp.sin, rules)      # at top level (and in scan/jit bodies) constants are fine
     np.testing.assert_allclose(top(X), X + np.arange(4))
     assert top.stats.total == 1
+
+
+def test_rules_are_dispatched_by_root_primitive():
+    tried = []
+    spy = lambda prim: Pat(prim, x_, where=lambda v: tried.append(v.producer.prim.name) or False)
+    rules = Rules([(spy("sin"), lambda x: x), (spy({"exp", "log"}), lambda x: x)])
+    g = jaxform.trace(lambda x: jnp.log(jnp.cos(jnp.sin(jnp.tanh(x)) * 2.0)), X)
+    rules.apply(g)
+    assert sorted(tried) == ["log", "sin"]      # cos, tanh, mul never looked at by these rules

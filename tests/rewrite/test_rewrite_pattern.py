@@ -80,3 +80,11 @@ def test_str_depth_and_captures():
     assert "Pat('log'" in repr(p)
     with pytest.raises(TypeError, match="Pat sources must be Pats"):
         Pat("log", "x")
+
+
+@pytest.mark.parametrize("op,commutes", [(jnp.add, True), (jnp.multiply, True), (jnp.maximum, True),
+                                         (jnp.minimum, True), (jnp.subtract, False), (jnp.divide, False)])
+def test_commutative_primitives_match_either_order(op, commutes):
+    g, v = root(lambda x, y: op(y, jnp.sin(x)), X, X)
+    p = Pat(v.producer.prim.name, Pat("sin", Pat.any("x")), Pat.any("y"))
+    assert (p.match(v) is not None) == commutes
