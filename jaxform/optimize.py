@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _jax
 from .ir import Graph
+from .ir.graph import gc_paused
 from . import passes as _passes
 
 
@@ -103,6 +104,7 @@ def verify(closed, like, *, typecheck: bool = True) -> None:
                         f"expected {like.in_avals} -> {like.out_avals}")
 
 
+@gc_paused()
 def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "",
                on_change: Callable | None = None):
     """Run passes over a jaxpr; skip (warn) or raise (strict) on a failing pass.

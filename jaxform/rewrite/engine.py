@@ -22,8 +22,6 @@ are rewritten too; a rewrite never changes a body's signature.
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -33,6 +31,7 @@ import numpy as np
 
 from .. import _jax
 from ..ir import Graph, Node, Value
+from ..ir.graph import gc_paused
 from ..ir.regions import regions_of
 from .pattern import Pat
 
@@ -172,7 +171,7 @@ class Rules:
         """Rewrite `graph` in place to a fixpoint (bodies included); returns the stats."""
         stats = RewriteStats() if stats is None else stats
         if self.rules:
-            with _gc_paused():
+            with gc_paused():
                 _Driver(self, stats).run(graph, consts_ok=True)
         return stats
 
@@ -286,19 +285,6 @@ class _Driver:
             f"the code at {node.location() or 'an unknown location'}. The last {sum(k for _, k in counts)} "
             f"rewrites were by {names}. Make sure no rule undoes another (e.g. a -> b and b -> a) and that "
             f"each replacement is not itself matched by the same rule.")
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic GC while rewriting: the driver allocates many short-lived objects (freed by
-    refcount), and full collections walking a large graph cost ~30% at 100k equations."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _rule_error(rule: Rule, node: Node, part: str, e: Exception, caps: dict | None = None) -> RewriteError:
