@@ -98,8 +98,8 @@ def _printed(g: Graph) -> str:
     return text
 
 
-def check(h) -> str:
-    """Round trip + default pipeline on harness `h`; 'bitwise' or 'close' (tolerance), else raises."""
+def check(h) -> tuple[str, bool]:
+    """Round trip + default pipeline on harness `h`: ('bitwise' | 'close', whether the pipeline changed it); raises on failure."""
     args = h.dyn_args_maker(np.random.RandomState(0))
     flat = jax.tree_util.tree_leaves(args)
     closed = jax.make_jaxpr(h.dyn_fun)(*args)
@@ -114,12 +114,12 @@ def check(h) -> str:
     assert _bitwise(ref, run(rt)), "round trip changed the results"
 
     opt = run_passes(closed, passes.default_pipeline(), strict=True)
-    _printed(Graph.from_jaxpr(opt))
+    changed = _printed(Graph.from_jaxpr(opt)) != text
     out = run(opt)
     if _bitwise(ref, out):
-        return "bitwise"
+        return "bitwise", changed
     _close(ref, out, f"{h.fullname} after the default pipeline")
-    return "close"
+    return "close", changed
 
 
 def run_all(hs) -> tuple[collections.Counter, dict, list]:
@@ -132,7 +132,9 @@ def run_all(hs) -> tuple[collections.Counter, dict, list]:
             reasons[why] += 1
             continue
         try:
-            counts["passed " + check(h)] += 1
+            how, changed = check(h)
+            counts["passed " + how] += 1
+            counts["(of which changed by the pipeline)"] += changed
         except Exception as e:
             counts["failed"] += 1
             failures.append((h.fullname, f"{type(e).__name__}: {str(e)[:400]}"))
