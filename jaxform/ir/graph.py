@@ -11,6 +11,7 @@ is kept as is, so `Graph.from_jaxpr(j).to_jaxpr()` is `j` up to renaming.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import itertools
 from typing import Any, Iterator, Sequence
@@ -299,6 +300,15 @@ class Graph:
     @gc_paused()
     def to_jaxpr(self) -> "_jax.ClosedJaxpr":
         """Back to a ClosedJaxpr; unused node outputs become dropped vars (`_`)."""
+        if _EMITTED.get() is None:   # the outermost call: bodies are shared within it
+            token = _EMITTED.set({})
+            try:
+                return self._to_jaxpr()
+            finally:
+                _EMITTED.reset(token)
+        return self._to_jaxpr()
+
+    def _to_jaxpr(self) -> "_jax.ClosedJaxpr":
         env: dict[int, Any] = {}
         constvars = [env.setdefault(v.id, _jax.Var(v.aval)) for v in self.consts]
         invars = [env.setdefault(v.id, _jax.Var(v.aval)) for v in self.inputs]
@@ -372,10 +382,28 @@ def _param_to_region(r: Region, p):
     return Graph.from_jaxpr(p)
 
 
+# Bodies emitted during one top-level to_jaxpr, by text: call sites that shared a body in the
+# original jaxpr (each got its own editable sub-Graph) share one again, instead of one copy per
+# site multiplying through nested calls (3 distinct jit bodies came back as 258).
+_EMITTED: contextvars.ContextVar = contextvars.ContextVar("jaxform_emitted_bodies", default=None)
+
+
+def _body_jaxpr(g: "Graph"):
+    closed = g.to_jaxpr()
+    seen = _EMITTED.get()
+    if seen is None:   # full_params() outside a to_jaxpr
+        return closed
+    try:
+        key = (str(closed.jaxpr), tuple(map(id, closed.consts)))
+    except Exception:   # a jaxpr JAX cannot print: keep it unshared
+        return closed
+    return seen.setdefault(key, closed)
+
+
 def _region_to_param(r: Region, g):
     if r.kind == "closed_tuple":
-        return tuple(b.to_jaxpr() for b in g)
-    closed = g.to_jaxpr()
+        return tuple(_body_jaxpr(b) for b in g)
+    closed = _body_jaxpr(g)
     if r.kind == "open":
         if closed.consts:
             raise ValueError("jaxform: a pass gave constants to a region that cannot hold them "

@@ -117,3 +117,35 @@ def test_optional_params_table_leaks_nothing_into_an_active_trace():
 def test_literals_print_as_plain_numbers():
     text = str(jaxform.trace(lambda x, i: (x + 1, i * 3), jnp.ones(3, jnp.int32), 2))
     assert "add a 1:i32[]" in text and "mul b 3:i32[]" in text and "Typed" not in text
+
+
+def _jit_bodies(j):
+    for e in j.eqns:
+        if e.primitive.name == "jit":
+            yield e.params["jaxpr"]
+            yield from _jit_bodies(e.params["jaxpr"].jaxpr)
+
+
+def test_round_trip_keeps_shared_bodies_shared():
+    """Call sites sharing one jit body get one editable sub-Graph each, but come back sharing it:
+    otherwise nested calls multiply the program (3 distinct bodies came back as 258)."""
+    k = jax.jit(lambda x: jnp.sin(x) * 2)
+    h = jax.jit(lambda x: k(k(k(x))))
+    closed = jax.make_jaxpr(lambda x: h(h(h(x))))(1.0)
+    out = Graph.from_jaxpr(closed).to_jaxpr()
+    assert len({id(b) for b in _jit_bodies(out.jaxpr)}) == len({id(b) for b in _jit_bodies(closed.jaxpr)}) == 2
+
+
+def test_editing_one_call_site_leaves_the_others():
+    k = jax.jit(lambda x: jnp.sin(x) * 2)
+    g = Graph.from_jaxpr(jax.make_jaxpr(lambda x: k(x) + k(x + 1))(1.0))
+    first = next(n for n in g.nodes if n.name == "jit").regions["body"]
+    sin = next(n for n in first.nodes if n.name == "sin")
+    cos = first.add("cos", sin.inputs, {"accuracy": None})
+    first.replace_uses(sin.outputs[0], cos.outputs[0])
+    first.remove(sin)
+    out = g.to_jaxpr()
+    bodies = list(_jit_bodies(out.jaxpr))
+    assert len({id(b) for b in bodies}) == 2
+    np.testing.assert_allclose(jaxform.to_function(Graph.from_jaxpr(out))(1.0)[0],
+                               np.cos(1.0) * 2 + np.sin(2.0) * 2, rtol=1e-6)
