@@ -9,12 +9,15 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: demo test bench
+.PHONY: demo test test-slow bench
 demo: $(BIN)/.installed
 	$(BIN)/jaxform demo
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q -m "not slow"
+
+test-slow: $(BIN)/.installed   # the long tier: full JAX harness set, full library differential tests, ...
+	$(BIN)/python -m pytest -n 2 -q -m slow
 
 bench: $(BIN)/.installed
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
