@@ -40,7 +40,8 @@ def inline_call(graph: Graph, node: Node) -> list[Node]:
     body: Graph = node.regions["body"]
     for c in body.consts:
         graph.consts.append(c)
-    outs = list(body.outputs)
+    outer_of = {id(inner): outer for inner, outer in zip(body.inputs, node.inputs)}
+    outs = [outer_of.get(id(v), v) for v in body.outputs]  # a body input returned as is: the caller's value
     body.set_outputs([])
     for inner, outer in zip(body.inputs, node.inputs):
         body.replace_uses(inner, outer)

@@ -22,6 +22,23 @@ REGRESSIONS = {
     v4 = sub2(x0)
     return v4 + r1[...]
 ''', ((3,),)),
+    # inline left a dangling value: a call body returning one of its inputs as is (here a value
+    # the branch closes over) was replaced by the body's input, not the caller's operand.
+    # Fix: map such outputs to the call's operands.
+    "inline_body_returns_its_input": Program('''def f(x0):
+    def branch1(a2):
+        return a2
+    def branch3(a4):
+        v5 = jnp.sin(a4)
+        @jax.jit
+        def sub6(a7):
+            v8 = jnp.sin(v5)
+            return v5
+        v9 = sub6(v5)
+        return v9
+    v10 = lax.cond(jnp.sum(x0) > 0, branch1, branch3, x0)
+    return v10
+''', ((3,),)),
 }
 
 
