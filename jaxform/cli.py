@@ -268,18 +268,17 @@ def demo_tour() -> bool:
 
     # AutoGraph: Python while/if on traced values
     @autograph
-    def collatz_steps(n):
-        steps = 0
-        while n != 1:
-            if n % 2 == 0:
-                n = n // 2
+    def gcd(a, b):   # Euclid by subtraction
+        while b != 0:
+            if a > b:
+                a = a - b
             else:
-                n = 3 * n + 1
-            steps += 1
-        return steps
-    prims = {e.primitive.name for e in jax.make_jaxpr(collatz_steps)(27).eqns}
+                b = b - a
+        return a
+    prims = {e.primitive.name for e in jax.make_jaxpr(gcd)(1071, 462).eqns}
+    g = int(jax.jit(gcd)(1071, 462))
     line("autograph", f"Python while/if -> {'+'.join(sorted(prims & {'while', 'cond'}))}; "
-         f"collatz_steps(27) = {int(jax.jit(collatz_steps)(27))} under jit", int(jax.jit(collatz_steps)(27)) == 111)
+         f"gcd(1071, 462) = {g} under jit", g == int(np.gcd(1071, 462)))
 
     # a stateful loop over refs, differentiated
     def prefix_sums(xs):
