@@ -71,6 +71,7 @@ GATHER_IDX = ["[2, 0]", "[1, 1, 0]", "[0]"]
 class _Gen:
     def __init__(self, draw):
         self.draw, self.n, self.reverse_diff = draw, 0, True
+        self.in_remat = 0  # inside jax.checkpoint: no Refs (JAX's remat partial eval fails on them)
         self.exprs: list[tuple[str, V, int]] = []  # (expression, its variable, depth), for dup
 
     def pick(self, n):
@@ -107,7 +108,8 @@ class _Gen:
         kinds = [self.unary, self.binary, self.reduce, self.dot, self.slice, self.gather, self.scatter,
                  self.reshape, self.dup, self.index, self.call]
         if depth < MAX_DEPTH:
-            kinds += [self.scan, self.fori, self.cond, self.while_, self.ref_loop, self.switch]
+            kinds += [self.scan, self.fori, self.cond, self.while_,
+                      self.fori if self.in_remat else self.ref_loop, self.switch]
         return kinds[self.pick(len(kinds))](env, lines, ind, depth)
 
     def emit(self, lines, ind, expr, shape, kind="f", depth=MAX_DEPTH) -> list[V]:
@@ -210,7 +212,8 @@ class _Gen:
         """Repeat an earlier statement in scope: common subexpressions for CSE."""
         names = {v.name for v in env}
         # an expression calling a body defined at depth d repeats only at depth <= d (nesting stays bounded)
-        seen = [(e, v, d) for e, v, d in self.exprs if v.name in names and depth <= d]
+        seen = [(e, v, d) for e, v, d in self.exprs if v.name in names and depth <= d
+                and not (self.in_remat and any(w in e for w in ("sub", "branch", "lax.")))]
         if not seen:
             return self.unary(env, lines, ind, depth)
         e, v, d = self.choose(seen)
@@ -223,14 +226,16 @@ class _Gen:
                          "i")
 
     def call(self, env, lines, ind, depth):
-        """A jit, checkpoint or custom_jvp-wrapped sub-function (a call region)."""
+        """A jit- or checkpoint-wrapped sub-function (a call region; jax.nn.relu gives custom_jvp calls)."""
         x = self.choose(self.floats(env))
         name = self.fresh("sub")
         deco = ["@jax.jit", "@jax.checkpoint", "@jax.jit"][self.pick(3)]
         lines.append(f"{ind}{deco}")
         a = V(self.fresh("a"), x.shape)
         lines.append(f"{ind}def {name}({a.name}):")
+        self.in_remat += deco == "@jax.checkpoint"
         benv = self.block([a] + env, lines, ind + "    ", depth + 1, 1, 3)
+        self.in_remat -= deco == "@jax.checkpoint"
         out = self.choose(self.floats(benv))
         lines.append(f"{ind}    return {self.coerce(out, x.shape)}")
         return self.emit(lines, ind, f"{name}({x.name})", x.shape, depth=depth)
