@@ -1,0 +1,272 @@
+"""Plan what loops remember under `grad`: carry-only remat and two-level √L checkpointing.
+
+Reverse-mode AD of `scan` stores, for every step, the residuals its body's
+transpose needs: for an RNN cell `tanh(h @ W + x @ U)` that is the pre- and
+post-activation, `[length, batch, hidden]` each, while the carry alone is one
+such buffer. This pass rewrites each scan (before AD sees it: it works for
+`jax.grad(optimize(f))`) into one of three schedules:
+
+    keep    unchanged: AD stores every residual of every step (L * R bytes).
+    remat   the body runs under `jax.checkpoint(policy=nothing_saveable)`:
+            per step only the body's inputs (the carry) are stored, and the
+            backward pass recomputes the step first (L * C + R bytes,
+            one extra forward of the body). Inputs that are loop constants or
+            `xs` slices are read from where they are, never stacked again.
+    sqrt    an outer scan over ceil(L / c) chunks of c ≈ √L steps whose body is a
+            checkpointed inner scan of the remat'd step: the outer scan keeps a
+            carry per chunk, the inner one a carry per step of one chunk
+            (√L * C * 2 + R bytes, two extra forwards).
+
+The cost model (R: residual bytes per step, measured by asking JAX for the
+body's VJP residuals that are not loop constants; C: carry bytes per step):
+
+    memory="auto"  remat where R >= 2 C (the stored bytes at least halve);
+                   otherwise keep. One extra forward of the body costs at most
+                   ~1/3 of the gradient's FLOPs; measured on CPU it is paid back
+                   by the smaller working set (docs/remat.md has the numbers).
+    memory="min"   sqrt for loops of length >= 16, remat below.
+    memory=N bytes the cheapest schedule (keep < remat < sqrt) whose predicted
+                   bytes fit N, summed over loops; sqrt if none fits.
+
+Scans with effects (callbacks, refs) or whose operands carry shard_map's
+varying-axes types are left unchanged. Nested scans are planned innermost
+first. Numerics: recomputation binds the same primitives on the same values,
+so forward values are bit-identical; gradients are bit-identical on CPU in the
+tests, but XLA may fuse recomputed ops differently, so the pass is registered
+as not exact.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax import lax
+
+from .. import _jax
+from ..ir import Graph, Node, ScanLoop
+from . import register
+
+SCHEDULES = ("keep", "remat", "sqrt")
+SQRT_MIN_LENGTH = 16
+
+
+@dataclass
+class LoopPlan:
+    """What one scan will remember under grad (also what `explain` reports)."""
+    length: int
+    residual_bytes: int     # R: per step, what AD stores without remat
+    carry_bytes: int        # C: per step, what a remat'd step stores
+    schedule: str = "keep"
+    chunk: int = 0
+
+    def predicted_bytes(self, schedule: str | None = None) -> int:
+        s, L, R, C = schedule or self.schedule, self.length, self.residual_bytes, self.carry_bytes
+        if s == "keep":
+            return L * R
+        if s == "remat":
+            return L * C + R
+        c = _chunk(L)
+        return (math.ceil(L / c) + c) * C + R
+
+    def recompute(self, schedule: str | None = None) -> int:
+        """Extra forward evaluations of the body per step in the backward pass."""
+        return SCHEDULES.index(schedule or self.schedule)
+
+
+def _chunk(length: int) -> int:
+    """Steps per chunk: a divisor of `length` near √length (no copies of xs), else ⌈√length⌉."""
+    root = math.sqrt(length)
+    near = [d for d in range(max(1, int(root / 2)), int(2 * root) + 1) if length % d == 0]
+    return min(near, key=lambda d: abs(d - root)) if near else max(1, math.ceil(root))
+
+
+@register(exact=False)
+def remat_loops(graph: Graph, memory="auto") -> Graph:
+    """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget)."""
+    if memory is None:
+        return graph
+    if not (memory in ("auto", "min") or isinstance(memory, (int, float)) and memory >= 0):
+        raise ValueError(f"jaxform: memory must be None, 'auto', 'min' or a byte budget, got {memory!r}")
+    plans = plan(graph)
+    choose(plans, memory)
+    for owner, node, p in plans:
+        if p.schedule != "keep":
+            _rewrite(owner, node, p)
+    return graph
+
+
+def with_memory(memory):
+    """`remat_loops` with a fixed `memory` setting, as a pass (what `optimize(memory=...)` appends)."""
+    p = functools.partial(remat_loops, memory=memory)
+    p.pass_name, p.exact = f"remat_loops(memory={memory!r})", False
+    return p
+
+
+# ---- planning --------------------------------------------------------------------------
+
+def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
+    """Every scan that can be rescheduled (innermost first), the graph holding it, its measured costs."""
+    out = []
+    for node in list(graph.nodes):
+        for sub in node.subgraphs():
+            out.extend(plan(sub))
+        if node.name == "scan" and _reschedulable(node):
+            loop = ScanLoop(node)
+            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _bytes(loop.body_carry))))
+    return out
+
+
+def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
+    for *_, p in plans:
+        if memory == "auto":
+            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and p.length > 1 else "keep"
+        elif memory == "min":
+            p.schedule = "sqrt" if p.length >= SQRT_MIN_LENGTH else "remat"
+        else:
+            p.schedule = "keep"
+    if memory in ("auto", "min"):
+        return
+    # A budget: upgrade the loops that save the most bytes until the total fits.
+    for target in ("remat", "sqrt"):
+        total = sum(p.predicted_bytes() for *_, p in plans)
+        for p in sorted((p for *_, p in plans), key=lambda p: _saving(p, target), reverse=True):
+            if total <= memory:
+                return
+            if target == "sqrt" and p.length < SQRT_MIN_LENGTH:
+                continue
+            total -= p.predicted_bytes() - p.predicted_bytes(target)
+            p.schedule = target
+
+
+def _saving(p: LoopPlan, target: str) -> int:
+    return p.predicted_bytes() - p.predicted_bytes(target)
+
+
+def _bytes(values) -> int:
+    return sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in values)
+
+
+def _reschedulable(node: Node) -> bool:
+    body = node.regions["body"]
+    if node.effects or any(n.effects for n, _ in body.walk()):
+        return False
+    if any(getattr(v.aval, "vma", None) for v in node.inputs + body.inputs):
+        return False
+    return node.params["length"] > 1
+
+
+def _sds(aval):
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _residual_bytes(loop: ScanLoop) -> int:
+    """Per-step bytes AD would store for this body: its VJP residuals, less loop constants."""
+    body = loop.body.to_jaxpr()
+    nc = loop.num_consts
+    found = []
+
+    def probe(*args):
+        consts, rest = args[:nc], args[nc:]
+        fn = lambda *r: _jax.eval_jaxpr(body, *consts, *r)  # noqa: E731
+        floats = [i for i, a in enumerate(rest) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+        if not floats:
+            return 0
+
+        def diff(*fl):
+            full = list(rest)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            return fn(*full)
+        _, vjp = jax.vjp(diff, *[rest[i] for i in floats])
+        invariant = {id(c) for c in consts}
+        found.extend(_jax.get_aval(r) for r in jax.tree_util.tree_leaves(vjp) if id(r) not in invariant)
+        return 0
+
+    try:
+        jax.eval_shape(probe, *[_sds(v.aval) for v in loop.body.inputs])
+    except Exception:
+        return 0   # cannot differentiate this body (integer-only, unusual primitives): keep it
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in found)
+
+
+# ---- rewriting -------------------------------------------------------------------------
+
+def _rewrite(graph: Graph, node: Node, p: LoopPlan) -> None:
+    """Replace the scan by the traced program of its new schedule, spliced in place."""
+    loop = ScanLoop(node)
+    body = loop.body.to_jaxpr()
+    nc, nk, length = loop.num_consts, loop.num_carry, loop.length
+    reverse, unroll = loop.reverse, node.params.get("unroll", 1)
+    policy = jax.checkpoint_policies.nothing_saveable
+
+    def scheduled(*ops):
+        consts, carry, xs = ops[:nc], ops[nc:nc + nk], ops[nc + nk:]
+
+        @functools.partial(jax.checkpoint, policy=policy, prevent_cse=False)
+        def step(c, x):
+            outs = _jax.eval_jaxpr(body, *consts, *c, *x)
+            return list(outs[:nk]), list(outs[nk:])
+
+        if p.schedule == "remat":
+            c, ys = lax.scan(step, list(carry), list(xs), length=length, reverse=reverse, unroll=unroll)
+            return [*c, *ys]
+        return _two_level(step, list(carry), list(xs), length, reverse)
+
+    closed = jax.make_jaxpr(scheduled)(*[_sds(v.aval) for v in node.inputs])
+    _splice(graph, node, Graph.from_jaxpr(closed))
+
+
+def _two_level(step, carry, xs, length, reverse):
+    """scan(step) as an outer scan over chunks of c steps, each a checkpointed inner scan."""
+    c = _chunk(length)
+    n, r = divmod(length, c)   # n full chunks, then a tail of r steps
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def chunk(cr, xc):
+        return lax.scan(step, cr, xc, length=c, reverse=reverse)
+
+    def run_chunks(cr, xpart):
+        xc = [x.reshape(n, c, *x.shape[1:]) for x in xpart]
+        cr, ys = lax.scan(chunk, cr, xc, length=n, reverse=reverse)
+        return cr, [y.reshape(n * c, *y.shape[2:]) for y in ys]
+
+    def run_tail(cr, xpart):
+        return lax.scan(step, cr, xpart, length=r, reverse=reverse)
+
+    if r == 0:
+        return _flat(run_chunks(carry, xs))
+    head, tail = [x[:n * c] for x in xs], [x[n * c:] for x in xs]
+    if not reverse:
+        carry, ys_h = run_chunks(carry, head)
+        carry, ys_t = run_tail(carry, tail)
+        ys = [jax.numpy.concatenate([a, b]) for a, b in zip(ys_h, ys_t)]
+    else:                      # a reverse scan meets the tail first
+        carry, ys_t = run_tail(carry, tail)
+        carry, ys_h = run_chunks(carry, head)
+        ys = [jax.numpy.concatenate([a, b]) for a, b in zip(ys_h, ys_t)]
+    return [*carry, *ys]
+
+
+def _flat(carry_ys):
+    return [*carry_ys[0], *carry_ys[1]]
+
+
+def _splice(graph: Graph, node: Node, sub: Graph) -> None:
+    """Put `sub`'s nodes where `node` was: its inputs are node's operands, its outputs node's results."""
+    for c in sub.consts:
+        graph.consts.append(c)
+    for inner, outer in zip(sub.inputs, node.inputs):
+        sub.replace_uses(inner, outer)
+    outs = list(sub.outputs)
+    sub.set_outputs([])
+    for old, new in zip(node.outputs, outs):
+        graph.replace_uses(old, new)
+    at = graph._nodes.index(node)
+    for i, v in enumerate(node.inputs):
+        v.uses.remove((node, i))
+    node.dead = True
+    graph._nodes[at:at + 1] = sub.nodes
+    graph._dirty = True
