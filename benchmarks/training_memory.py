@@ -4,6 +4,8 @@
 (b) RNN + output projection (O = 4H) + MSE,
 (c) gradient temp memory at lengths 1,000 / 10,000 / 100,000 under memory="min" (compile only),
 (d) the seed's figure of merit: the largest batch whose gradient fits a 1 GiB temp budget.
+--sweep: the measurements behind memory="auto"'s FLOPs-per-saved-byte threshold (RNN + MSE at
+compute-bound and memory-bound sizes; remat time vs original at each intensity).
 Memory is XLA's `memory_analysis().temp_size_in_bytes` of the jitted gradient; time is
 min-of-N wall time, the versions taking turns. "hand" is plain JAX with `jax.checkpoint`
 placed by hand on the hand-fused scan body (what a user would write to get the same).
@@ -137,7 +139,25 @@ def batch_figure(budget=2 ** 30):
         print(f"  {k:16s} batch {b:6d}   {b / max(res['original'], 1):6.1f}x the original")
 
 
+def sweep():
+    from jaxform.passes.remat_loops import MAX_FLOPS_PER_SAVED_BYTE, plan
+    print(f"\n(sweep) carry-only remat vs keep, RNN + MSE gradient; 'auto' remats at <= {MAX_FLOPS_PER_SAVED_BYTE} "
+          "FLOP per saved byte")
+    print(f"  {'L, B, H':>16s} {'FLOP/B':>7s} {'keep ms':>8s} {'remat ms':>9s} {'remat/keep':>10s} {'auto':>6s}")
+    for L, B, H, D in [(200, 8, 1024, 32), (300, 32, 512, 32), (1000, 16, 128, 16), (1000, 256, 128, 32)]:
+        args = args_for([(H, H), (D, H), (B, H), (L, B, D), (L, B, H)])
+        (*_, p), = plan(jaxform.trace(jaxform.optimize(rnn_mse), *args))
+        ratio = p.flops / (p.residual_bytes - p.carry_bytes)
+        fs = {"keep": jax.grad(jaxform.optimize(rnn_mse), (0, 1)), "remat": jax.grad(rnn_mse_hand, (0, 1))}
+        t = runtimes(fs, args)
+        print(f"  {f'{L}, {B}, {H}':>16s} {ratio:7.0f} {t['keep'] * 1e3:8.1f} {t['remat'] * 1e3:9.1f} "
+              f"{t['remat'] / t['keep']:10.2f} {'remat' if ratio <= MAX_FLOPS_PER_SAVED_BYTE else 'keep':>6s}")
+
+
 if __name__ == "__main__":
+    if "--sweep" in sys.argv:
+        sweep()
+        sys.exit()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; min of {REPS} runs")
     t0 = time.perf_counter()
     L, B, H, D = (200, 64, 64, 16) if QUICK else (1000, 256, 128, 32)

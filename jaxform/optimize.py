@@ -157,7 +157,7 @@ def _aval_key(x):
 
 def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] = (),
-             static_argnames: str | Sequence[str] = (), memory=None) -> Callable:
+             static_argnames: str | Sequence[str] = (), memory="default") -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
     passes: pass names or callables (default: the `passes.DEFAULT` pipeline).
@@ -165,8 +165,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exac
     strict: raise instead of skipping a pass that fails.
     static_argnums / static_argnames: as in `jax.jit` (hashable, part of the cache key).
     memory: what loops remember under grad (`passes.remat_loops`): None (everything, as JAX
-      does), "auto" (remat a scan body where that at least halves its stored bytes), "min"
-      (two-level √L checkpointing) or a byte budget for the gradient's loop residuals.
+      does), "auto" (remat a scan body where that at least halves its stored bytes and the
+      recomputation is cheap), "min" (two-level √L checkpointing) or a byte budget for the
+      gradient's loop residuals. Default: "auto" with the default pipeline, None when `passes`
+      is given or exact=True (remat is not bit-exact).
 
     Does not compile by itself: wrap in `jax.jit` for speed.
     """
@@ -181,6 +183,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exac
         pipeline = [_passes.get(p) for p in passes]
         if exact:
             pipeline = [p for p in pipeline if getattr(p, "exact", False)]
+    if memory == "default":
+        memory = "auto" if passes is None else None
     if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
         pipeline.append(remat_with_memory(memory))   # (not exact: XLA fuses recomputed ops anew)
     static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)

@@ -20,10 +20,11 @@ such buffer. This pass rewrites each scan (before AD sees it: it works for
 The cost model (R: residual bytes per step, measured by asking JAX for the
 body's VJP residuals that are not loop constants; C: carry bytes per step):
 
-    memory="auto"  remat where R >= 2 C (the stored bytes at least halve);
-                   otherwise keep. One extra forward of the body costs at most
-                   ~1/3 of the gradient's FLOPs; measured on CPU it is paid back
-                   by the smaller working set (docs/remat.md has the numbers).
+    memory="auto"  remat where R >= 2 C (the stored bytes at least halve) and the
+                   recomputation is cheap: F <= 80 FLOPs per byte no longer
+                   stored (F: the body's FLOPs per step). Below that the smaller
+                   working set pays for the extra forward; above it the body is
+                   compute-bound and remat costs time (docs/remat.md).
     memory="min"   sqrt for loops of length >= 16, remat below.
     memory=N bytes the cheapest schedule (keep < remat < sqrt) whose predicted
                    bytes fit N, summed over loops; sqrt if none fits.
@@ -51,6 +52,11 @@ from . import register
 
 SCHEDULES = ("keep", "remat", "sqrt")
 SQRT_MIN_LENGTH = 16
+# "auto" remats a body only where recomputing it costs at most this many FLOPs per byte it stops
+# storing: measured on CPU (benchmarks/training_memory.py --sweep), remat made RNN gradients faster
+# at 37-41 FLOP/B (0.79x, 0.58x the time) and slower at 137-265 FLOP/B (1.16-1.20x): the body is
+# then compute-bound (docs/remat.md). Untested on GPU, where the balance point is higher.
+MAX_FLOPS_PER_SAVED_BYTE = 80
 
 
 @dataclass
@@ -59,6 +65,7 @@ class LoopPlan:
     length: int
     residual_bytes: int     # R: per step, what AD stores without remat
     carry_bytes: int        # C: per step, what a remat'd step stores
+    flops: int = 0          # F: per step, what recomputing the body costs
     schedule: str = "keep"
     chunk: int = 0
 
@@ -115,14 +122,17 @@ def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
             out.extend(plan(sub))
         if node.name == "scan" and _reschedulable(node):
             loop = ScanLoop(node)
-            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _bytes(loop.body_carry))))
+            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _bytes(loop.body_carry),
+                                              body_flops(loop.body))))
     return out
 
 
 def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
     for *_, p in plans:
         if memory == "auto":
-            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and p.length > 1 else "keep"
+            saved = p.residual_bytes - p.carry_bytes
+            cheap = p.flops <= MAX_FLOPS_PER_SAVED_BYTE * saved
+            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and cheap else "keep"
         elif memory == "min":
             p.schedule = "sqrt" if p.length >= SQRT_MIN_LENGTH else "remat"
         else:
@@ -143,6 +153,23 @@ def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
 
 def _saving(p: LoopPlan, target: str) -> int:
     return p.predicted_bytes() - p.predicted_bytes(target)
+
+
+def body_flops(g: Graph) -> int:
+    """A per-step FLOP estimate: 2·M·N·K for dot_general, one per output element elsewhere, loops × length."""
+    total = 0
+    for n in g.nodes:
+        out = sum(int(np.prod(o.aval.shape)) for o in n.outputs)
+        if n.name == "dot_general":
+            (lc, _), _ = n.params["dimension_numbers"]
+            total += 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
+        elif n.name in ("conv_general_dilated",):
+            total += 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
+        elif n.name == "scan":
+            total += n.params["length"] * body_flops(n.regions["body"])
+        else:
+            total += out + sum(body_flops(sub) for sub in n.subgraphs())
+    return total
 
 
 def _bytes(values) -> int:

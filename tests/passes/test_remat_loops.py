@@ -220,3 +220,57 @@ def test_budget_picks_cheapest_schedule_that_fits():
 def test_bad_memory_argument_is_a_clear_error():
     with pytest.raises(ValueError, match="memory must be"):
         jaxform.passes.remat_loops(jaxform.trace(rnn_mse, *PROGRAMS["rnn_mse"][1]), memory="lots")
+
+
+# ---- library models: Flax nn.RNN and an Equinox GRU, through value_and_grad, jit and vmap ------------
+
+def _flax_rnn():
+    """A Flax Linen LSTM sequence model (flax.linen.RNN over an LSTMCell, as in flax's examples/seq2seq)."""
+    import flax.linen as nn
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, xs):
+            h = nn.RNN(nn.LSTMCell(16))(xs)          # [batch, time, 16], batch-major
+            return nn.Dense(3)(h)
+
+    model = Model()
+    xs = a(2, 12, 5)
+    params = model.init(jax.random.key(0), xs)
+    ys = a(2, 12, 3)
+
+    def loss(p, xs, ys):
+        return jnp.mean((model.apply(p, xs) - ys) ** 2)
+    return loss, (params, xs, ys)
+
+
+def _eqx_gru():
+    """An Equinox GRU scanned over time (equinox.nn.GRUCell, as in equinox's examples/train_rnn)."""
+    import equinox as eqx
+    cell = eqx.nn.GRUCell(4, 8, key=jax.random.key(1))
+    params, static = eqx.partition(cell, eqx.is_array)
+
+    def loss(p, xs, t):
+        c = eqx.combine(p, static)
+        h, hs = lax.scan(lambda h, x: (c(x, h),) * 2, jnp.zeros(8), xs)
+        return jnp.mean((hs - t) ** 2)
+    return loss, (params, a(25, 4), a(25, 8))
+
+
+@pytest.mark.parametrize("memory", ["auto", "min"])
+@pytest.mark.parametrize("make", [_flax_rnn, _eqx_gru], ids=["flax_rnn", "equinox_gru"])
+def test_library_models(make, memory):
+    loss, args = make()
+    opt = jaxform.optimize(loss, memory=memory, strict=True)
+    v0, g0 = jax.jit(jax.value_and_grad(loss))(*args)
+    v1, g1 = jax.jit(jax.value_and_grad(opt))(*args)
+    np.testing.assert_allclose(v1, v0, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    p, *data = args
+    stacked = [jnp.stack([d, d * 0.5]) for d in data]
+    vg = lambda f: jax.jit(jax.vmap(jax.grad(f), in_axes=(None, 0, 0)))(p, *stacked)  # noqa: E731
+    for x, y in zip(jax.tree_util.tree_leaves(vg(opt)), jax.tree_util.tree_leaves(vg(loss))):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    if memory == "min":
+        assert any(n.name == "remat2" for n, _ in jaxform.trace(opt, *args).walk())
