@@ -112,6 +112,11 @@ def scaling(B=256, H=128, D=32):
         print(f"  {L:8d} {o / MiB:10.1f} {m / MiB:8.1f} {o / m:6.0f}x")
     print(f"  min grows {mins[-1] / mins[0]:.1f}x over a {100 if not QUICK else 16}x longer loop "
           f"(√ would be {10 if not QUICK else 4}x)")
+    L, B = (4000, 16) if QUICK else (10000, 32)
+    a = args_for([(H, H), (D, H), (B, H), (L, B, D), (L, B, H)])
+    t = runtimes({"original": g(rnn_mse), "min": g(jaxform.optimize(rnn_mse, memory="min"))}, a)
+    print(f"  time at length {L} (batch {B}): original {t['original'] * 1e3:.0f} ms, min {t['min'] * 1e3:.0f} ms "
+          f"({t['min'] / t['original']:.2f}x the original's time)")
 
 
 def largest_batch(f, budget, L=1000, H=128, D=32, hi=1 << 16):
