@@ -10,6 +10,7 @@ from jaxform.passes.remat_loops import plan, with_memory
 from jaxform.testing import assert_pass_ok
 
 R = np.random.RandomState(0)
+REMAT = ("remat2", "checkpoint")   # jax.checkpoint's primitive, by JAX version
 
 
 def a(*shape, dtype=np.float32, scale=0.5):
@@ -162,7 +163,7 @@ PROGRAMS = {
 }
 
 
-@pytest.mark.parametrize("memory", ["auto", "min", 0])
+@pytest.mark.parametrize("memory", ["auto", "min", pytest.param(0, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_schedules_keep_values_and_gradients(name, memory):
     fn, args = PROGRAMS[name]
@@ -175,7 +176,7 @@ def test_min_rewrites_every_loop_and_memory_drops():
     assert [p.schedule for *_, p in plan(g)] == ["keep"]
     opt = jaxform.optimize(fn, memory="min", strict=True)
     names = [n.name for n, _ in jaxform.trace(opt, *args).walk()]
-    assert names.count("scan") == 2 and names.count("remat2") == 2   # outer/inner scan, both checkpointed
+    assert names.count("scan") == 2 and sum(n in REMAT for n in names) == 2   # outer/inner scan, checkpointed
 
     def temp(f):
         return jax.jit(jax.grad(f, (0, 1))).lower(*args).compile().memory_analysis().temp_size_in_bytes
@@ -273,4 +274,4 @@ def test_library_models(make, memory):
     for x, y in zip(jax.tree_util.tree_leaves(vg(opt)), jax.tree_util.tree_leaves(vg(loss))):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
     if memory == "min":
-        assert any(n.name == "remat2" for n, _ in jaxform.trace(opt, *args).walk())
+        assert any(n.name in REMAT for n, _ in jaxform.trace(opt, *args).walk())
