@@ -84,7 +84,7 @@ def runtimes(fs: dict, args) -> dict:
 
 
 def compare(title, orig, hand, args, argnums):
-    versions = {"original": orig, "optimize()": jaxform.optimize(orig),
+    versions = {"original": orig, "memory=None": jaxform.optimize(orig, memory=None),
                 'memory="auto"': jaxform.optimize(orig, memory="auto"),
                 'memory="min"': jaxform.optimize(orig, memory="min"), "hand": hand}
     fs = {k: jax.grad(f, argnums) for k, f in versions.items()}
@@ -137,7 +137,7 @@ def largest_batch(f, budget, L=1000, H=128, D=32, hi=1 << 16):
 def batch_figure(budget=2 ** 30):
     print(f"\n(d) largest batch whose gradient fits {budget / MiB:.0f} MiB of temp memory (RNN + MSE, L=1000, H=128)")
     res = {k: largest_batch(f, budget) for k, f in [
-        ("original", rnn_mse), ("optimize()", jaxform.optimize(rnn_mse)),
+        ("original", rnn_mse), ("memory=None", jaxform.optimize(rnn_mse, memory=None)),
         ('memory="auto"', jaxform.optimize(rnn_mse, memory="auto")),
         ('memory="min"', jaxform.optimize(rnn_mse, memory="min"))]}
     for k, b in res.items():
@@ -151,9 +151,9 @@ def sweep():
     print(f"  {'L, B, H':>16s} {'FLOP/B':>7s} {'keep ms':>8s} {'remat ms':>9s} {'remat/keep':>10s} {'auto':>6s}")
     for L, B, H, D in [(200, 8, 1024, 32), (300, 32, 512, 32), (1000, 16, 128, 16), (1000, 256, 128, 32)]:
         args = args_for([(H, H), (D, H), (B, H), (L, B, D), (L, B, H)])
-        (*_, p), = plan(jaxform.trace(jaxform.optimize(rnn_mse), *args))
+        (*_, p), = plan(jaxform.trace(jaxform.optimize(rnn_mse, memory=None), *args))
         ratio = p.flops / (p.residual_bytes - p.carry_bytes)
-        fs = {"keep": jax.grad(jaxform.optimize(rnn_mse), (0, 1)), "remat": jax.grad(rnn_mse_hand, (0, 1))}
+        fs = {"keep": jax.grad(jaxform.optimize(rnn_mse, memory=None), (0, 1)), "remat": jax.grad(rnn_mse_hand, (0, 1))}
         t = runtimes(fs, args)
         print(f"  {f'{L}, {B}, {H}':>16s} {ratio:7.0f} {t['keep'] * 1e3:8.1f} {t['remat'] * 1e3:9.1f} "
               f"{t['remat'] / t['keep']:10.2f} {'remat' if ratio <= MAX_FLOPS_PER_SAVED_BYTE else 'keep':>6s}")

@@ -180,7 +180,7 @@ def test_min_rewrites_every_loop_and_memory_drops():
 
     def temp(f):
         return jax.jit(jax.grad(f, (0, 1))).lower(*args).compile().memory_analysis().temp_size_in_bytes
-    base = temp(jaxform.optimize(fn))
+    base = temp(jaxform.optimize(fn, memory=None))
     assert temp(jaxform.optimize(fn, memory="auto")) < base
     assert temp(opt) < base
 
@@ -207,11 +207,11 @@ def test_effects_are_left_alone():
 
 def test_budget_picks_cheapest_schedule_that_fits():
     fn, args = PROGRAMS["rnn_mse"]
-    g = jaxform.trace(jaxform.optimize(fn), *args)
+    g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
     (*_, p), = plan(g)
     assert p.predicted_bytes("keep") > p.predicted_bytes("remat") > p.predicted_bytes("sqrt")
     for budget, want in [(10 ** 12, "keep"), (p.predicted_bytes("remat"), "remat"), (1, "sqrt")]:
-        g = jaxform.trace(jaxform.optimize(fn), *args)
+        g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
         plans = plan(g)
         from jaxform.passes.remat_loops import choose
         choose(plans, budget)
