@@ -119,6 +119,22 @@ def scaling(B=256, H=128, D=32):
           f"({t['min'] / t['original']:.2f}x the original's time)")
 
 
+def budgets(B=256, H=128, D=32):
+    print(f"\n(e) a byte budget below what √L needs: binomial (revolve) checkpointing (RNN + MSE, B={B}, H={H})")
+    g = lambda f: jax.grad(f, (0, 1))  # noqa: E731
+    L = 20000 if QUICK else 100000
+    a = args_for([(H, H), (D, H), (B, H), (L, B, D), (L, B, H)], abstract=True)
+    print(f"  length {L}: memory='min' {temp(g(jaxform.optimize(rnn_mse, memory='min')), a) / MiB:.1f} MiB; " + "; ".join(
+        f"budget {m} MiB -> {temp(g(jaxform.optimize(rnn_mse, memory=m * MiB)), a) / MiB:.1f} MiB" for m in (16, 32)))
+    L, B = 2000, 32
+    a = args_for([(H, H), (D, H), (B, H), (L, B, D), (L, B, H)])
+    fs = {"original": g(rnn_mse), "min": g(jaxform.optimize(rnn_mse, memory="min")),
+          "budget 1 MiB": g(jaxform.optimize(rnn_mse, memory=MiB))}
+    m, t = {k: temp(f, a) for k, f in fs.items()}, runtimes(fs, a)
+    print(f"  length {L}, batch {B}: " + "; ".join(f"{k} {m[k] / MiB:.1f} MiB {t[k] * 1e3:.0f} ms "
+                                                    f"({t[k] / t['original']:.2f}x)" for k in fs))
+
+
 def largest_batch(f, budget, L=1000, H=128, D=32, hi=1 << 16):
     """Largest batch (power-of-two search, then bisection) whose gradient's temp memory fits `budget`."""
     def fits(B):
@@ -172,5 +188,6 @@ if __name__ == "__main__":
     compare(f"(b) RNN + output projection + MSE, L={L}, B={B}, H={H}, O={O}", proj_mse, proj_mse_hand,
             args_for([(H, H), (D, H), (H, O), (B, H), (L, B, D), (L, B, O)]), (0, 1, 2))
     scaling()
+    budgets()
     batch_figure()
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")

@@ -27,7 +27,9 @@ body's VJP residuals that are not loop constants; C: carry bytes per step):
                    compute-bound and remat costs time (docs/remat.md).
     memory="min"   sqrt for loops of length >= 16, remat below.
     memory=N bytes the cheapest schedule (keep < remat < sqrt) whose predicted
-                   bytes fit N, summed over loops; sqrt if none fits.
+                   bytes fit N, summed over loops; if even √L does not fit,
+                   binomial checkpointing (`revolve.py`) with as many stored
+                   carries as the budget allows (float loops only).
 
 Scans with effects (callbacks, refs) or whose operands carry shard_map's
 varying-axes types are left unchanged. Nested scans are planned innermost
@@ -48,9 +50,10 @@ from jax import lax
 
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop
-from . import register
+from . import register, revolve
 
-SCHEDULES = ("keep", "remat", "sqrt")
+SCHEDULES = ("keep", "remat", "sqrt", "revolve")
+TABLE_BYTES_PER_STEP = 16   # revolve's action table: about 4 int32 rows per step
 SQRT_MIN_LENGTH = 16
 # "auto" remats a body only where recomputing it costs at most this many FLOPs per byte it stops
 # storing: measured on CPU (benchmarks/training_memory.py --sweep), remat made RNN gradients faster
@@ -67,7 +70,8 @@ class LoopPlan:
     carry_bytes: int        # C: per step, what a remat'd step stores
     flops: int = 0          # F: per step, what recomputing the body costs
     schedule: str = "keep"
-    chunk: int = 0
+    slots: int = 0          # revolve: carries stored
+    all_float: bool = False  # revolve needs inexact consts, carries, xs and ys
 
     def predicted_bytes(self, schedule: str | None = None) -> int:
         s, L, R, C = schedule or self.schedule, self.length, self.residual_bytes, self.carry_bytes
@@ -75,12 +79,15 @@ class LoopPlan:
             return L * R
         if s == "remat":
             return L * C + R
-        c = _chunk(L)
-        return (math.ceil(L / c) + c) * C + R
+        if s == "sqrt":
+            c = _chunk(L)
+            return (math.ceil(L / c) + c) * C + R
+        return 2 * max(self.slots, 1) * C + R + TABLE_BYTES_PER_STEP * L   # XLA double-buffers the slots
 
     def recompute(self, schedule: str | None = None) -> int:
-        """Extra forward evaluations of the body per step in the backward pass."""
-        return SCHEDULES.index(schedule or self.schedule)
+        """Extra forward evaluations of the body per step in the backward pass (at most)."""
+        s = schedule or self.schedule
+        return revolve.repetitions(self.length, max(self.slots, 1)) + 1 if s == "revolve" else SCHEDULES.index(s)
 
 
 def _chunk(length: int) -> int:
@@ -123,7 +130,7 @@ def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
         if node.name == "scan" and _reschedulable(node):
             loop = ScanLoop(node)
             out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _bytes(loop.body_carry),
-                                              body_flops(loop.body))))
+                                              body_flops(loop.body), all_float=_all_float(loop))))
     return out
 
 
@@ -149,6 +156,17 @@ def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
                 continue
             total -= p.predicted_bytes() - p.predicted_bytes(target)
             p.schedule = target
+    # Still over: binomial checkpointing, sharing what is left of the budget by loop length.
+    over = [p for _, _, p in plans if p.schedule == "sqrt" and p.all_float]
+    if not over:
+        return
+    rest = memory - sum(p.predicted_bytes() for _, _, p in plans if p not in over)
+    steps = sum(p.length for p in over)
+    for p in over:
+        share = max(rest, 0) * p.length / steps - p.residual_bytes - TABLE_BYTES_PER_STEP * p.length
+        p.slots = int(max(1, min(share // max(2 * p.carry_bytes, 1), 2 * math.isqrt(p.length))))
+        if p.predicted_bytes("revolve") < p.predicted_bytes("sqrt"):
+            p.schedule = "revolve"
 
 
 def _saving(p: LoopPlan, target: str) -> int:
@@ -170,6 +188,11 @@ def body_flops(g: Graph) -> int:
         else:
             total += out + sum(body_flops(sub) for sub in n.subgraphs())
     return total
+
+
+def _all_float(loop: ScanLoop) -> bool:
+    inexact = lambda v: np.issubdtype(np.dtype(v.aval.dtype), np.inexact)  # noqa: E731
+    return all(map(inexact, loop.node.inputs + loop.node.outputs))
 
 
 def _bytes(values) -> int:
@@ -240,6 +263,13 @@ def _rewrite(graph: Graph, node: Node, p: LoopPlan) -> None:
         if p.schedule == "remat":
             c, ys = lax.scan(step, list(carry), list(xs), length=length, reverse=reverse, unroll=unroll)
             return [*c, *ys]
+        if p.schedule == "revolve":
+            def plain(k, c, x):
+                outs = _jax.eval_jaxpr(body, *k, *c, *x)
+                return list(outs[:nk]), list(outs[nk:])
+            rx = [jax.numpy.flip(x, 0) for x in xs] if reverse else list(xs)
+            c, ys = revolve.scan_revolve(plain, list(consts), list(carry), rx, length, p.slots)
+            return [*c, *([jax.numpy.flip(y, 0) for y in ys] if reverse else ys)]
         return _two_level(step, list(carry), list(xs), length, reverse)
 
     closed = jax.make_jaxpr(scheduled)(*[_sds(v.aval) for v in node.inputs])
