@@ -231,3 +231,24 @@ def test_effect_free_and_may_move_across():
     swap, (get,), (dbg,), (sin,) = by["swap"][0], by["get"], by["debug_print"], by["sin"]
     assert not may_move_across(get, [swap]) and not may_move_across(dbg, [swap])
     assert may_move_across(sin, [swap, dbg]) and may_move_across(get, [sin])
+
+
+# ---- finding 20 (IR part): a rebuilt node keeps its equation context ------------------
+
+def test_graph_add_keeps_equation_context():
+    """Passes rebuild nodes with `Graph.add(..., ctx=node.ctx)`: the rebuilt random_bits keeps the
+    threefry mode it was traced under (before, `add` took no ctx and the mode at emission applied)."""
+    def f(k):
+        with jax.threefry_partitionable(False):
+            return jax.random.bits(k, (8,))
+    k = jax.random.key(2)
+    g = jaxform.trace(f, k)
+    old = next(n for n in g.nodes if n.name == "random_bits")
+    new = g.add(old.prim, old.inputs, old.params, source_info=old.source_info, ctx=old.ctx)
+    g.replace_uses(old.outputs[0], new.outputs[0])
+    g.remove(old)
+    eqn = next(e for e in g.to_jaxpr().jaxpr.eqns if e.primitive.name == "random_bits")
+    assert eqn.ctx is old.ctx and eqn.ctx.threefry_partitionable is False
+    with jax.threefry_partitionable(True):
+        got = jaxform.to_function(g)(k)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(k)))
