@@ -142,13 +142,23 @@ def structure(g: "Graph", memo: dict | None = None):
 
 # ---- purity and order -----------------------------------------------------------
 
+_REF_TYPES: dict[type, bool] = {}
+
+
+def _is_ref(aval) -> bool:
+    t = type(aval)
+    if t not in _REF_TYPES:
+        _REF_TYPES[t] = _jax.is_ref_aval(aval)
+    return _REF_TYPES[t]
+
+
 def is_impure(node: "Node", memo: dict | None = None) -> bool:
     """True if the node (or anything in its bodies) has effects, is in `IMPURE_PRIMITIVES`,
     or takes or makes a Ref: it is never merged and keeps its order among such nodes."""
     if memo is not None and id(node) in memo:
         return memo[id(node)]
     out = bool(node.effects) or node.prim.name in IMPURE_PRIMITIVES or \
-        any(_jax.is_ref_aval(v.aval) for v in (*node.inputs, *node.outputs)) or \
+        any(_is_ref(v.aval) for v in node.inputs) or any(_is_ref(v.aval) for v in node.outputs) or \
         any(is_impure(n, memo) for g in node.subgraphs() for n in g.nodes)
     if memo is not None:
         memo[id(node)] = out

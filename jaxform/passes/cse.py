@@ -9,6 +9,7 @@ RNG, refs) are never merged. Exact: results are bit for bit equal.
 from __future__ import annotations
 
 from ..ir import Graph
+from ..ir.graph import gc_paused
 from ..ir.identity import is_impure, node_key, structure
 from . import register
 
@@ -16,6 +17,7 @@ __all__ = ["cse", "node_key", "structure"]
 
 
 @register()
+@gc_paused()
 def cse(graph: Graph) -> Graph:
     seen: dict = {}
     for node in graph.nodes:
