@@ -302,8 +302,20 @@ def _call(node, axes, length):
     if any(a is None for a in oaxes):
         raise NotSeparable(f"a result of {node.name} is the same at every step")
     if node.name == "custom_jvp_call":
-        p["jvp_jaxpr_fun"] = _step_jvp(p["jvp_jaxpr_fun"], axes, oaxes, length)
+        orig = p["jvp_jaxpr_fun"]
+        p["jvp_jaxpr_fun"] = _step_jvp(orig, axes, oaxes, length)
+        if not _VALIDATING:   # (only the outermost: a rule's own jaxpr calls the function again, e.g. relu)
+            _VALIDATING.add(id(orig))
+            try:   # the rule with all tangents nonzero must be step-by-step too (checked now, not at grad time)
+                p["jvp_jaxpr_fun"].call_wrapped(*[False] * len(axes))
+            except ValueError as e:
+                raise NotSeparable(f"custom_jvp rule of {p.get('name', node.name)} is not step-by-step") from e
+            finally:
+                _VALIDATING.discard(id(orig))
     return oaxes, p, {"body": step}
+
+
+_VALIDATING: set = set()
 
 
 def _step_jvp(jvp_fun, axes, oaxes, length):
@@ -372,7 +384,7 @@ def step_graph(g: Graph, axes: Sequence, length: int) -> tuple[Graph, list]:
         full = operand_axes(n, known, length)
         for i, a in enumerate(full):
             if i not in known and a is not None:   # a constant of this body sliced per step
-                vals[i] = drop_invariant_axis(out, n.inputs[i], vals[i], a, length)
+                vals[i] = drop_invariant_axis(out, n.inputs[i], vals[i], a, length, lambda x: get(x)[0])
         res, oax = emit_step(out, n, vals, full, length)
         env.update({o.id: (w, a) for o, w, a in zip(n.outputs, res, oax)})
     outs = [get(v) for v in g.outputs]
@@ -380,30 +392,38 @@ def step_graph(g: Graph, axes: Sequence, length: int) -> tuple[Graph, list]:
     return out, [a for _, a in outs]
 
 
-def drop_invariant_axis(g: Graph, orig: Value, v: Value, a: int, length: int) -> Value:
-    """The per-step slice of `v` (a value without steps) along axis a: a scalar as is, a size-1 axis
-    squeezed, a broadcast re-done per step; a length-`length` axis needs the step index: NotSeparable."""
+def drop_invariant_axis(g: Graph, orig: Value, v: Value, a: int, length: int, tr=None) -> Value:
+    """The per-step slice of `v` (a value without steps; `orig` its source, `tr` maps source values to `g`'s)
+    along axis a: a scalar as is, a size-1 axis squeezed, a broadcast re-done per step; a
+    length-`length` axis would need the step index: NotSeparable."""
     s = v.aval.shape
     if v.aval.ndim == 0:
         return v
+    b = orig.producer
+    if b is not None and b.name == "broadcast_in_dim" and len(b.inputs) == 1 and tr is not None:
+        dims = tuple(b.params["broadcast_dimensions"])
+        src = b.inputs[0]
+        base = tr(src)
+        if a in dims:
+            base = drop_invariant_axis(g, src, base, dims.index(a), length, tr)
+            dims = tuple(d for d in dims if d != a)
+        new = g.add("broadcast_in_dim", [base], {**b.params, "shape": _drop(tuple(b.params["shape"]), a),
+                                                "broadcast_dimensions": _renum(dims, a)},
+                    source_info=b.source_info)
+        new.ctx = b.ctx
+        return new.outputs[0]
     if s[a] == 1:
         return g.add("reshape", [v], {"new_sizes": _drop(s, a), "dimensions": None}).outputs[0]
-    b = orig.producer
-    if b is not None and b.name == "broadcast_in_dim" and len(b.inputs) == 1 and v is orig:
-        dims = tuple(b.params["broadcast_dimensions"])
-        base = b.inputs[0]
-        if a in dims:
-            base = drop_invariant_axis(g, base, base, dims.index(a), length)
-            dims = _drop(dims, dims.index(a))
-        return g.add("broadcast_in_dim", [base], {**b.params, "shape": _drop(tuple(b.params["shape"]), a),
-                                                 "broadcast_dimensions": _renum(dims, a)},
-                     source_info=b.source_info).outputs[0]
     raise NotSeparable("a constant with the scan's length would need the step index")
 
 
 def emit_step(g: Graph, node: Node, ins: Sequence[Value], axes: Sequence, length: int) -> tuple[list, list]:
     """Add the per-step version of `node` to `g` on per-step operands `ins`; returns (results, their axes)."""
     oax, params, regions = _rule(node, list(axes), length)
-    new = g.add(node.prim, list(ins), params, regions=regions, source_info=node.source_info)
+    if regions is not None:   # a pure call (effects refused above): results typed by its per-step body
+        new = g.append(Node(node.prim, list(ins), [v.aval for v in regions["body"].outputs], params,
+                            regions=regions, source_info=node.source_info, ctx=node.ctx))
+        return new.outputs, oax
+    new = g.add(node.prim, list(ins), params, source_info=node.source_info)
     new.ctx = node.ctx
     return new.outputs, oax
