@@ -426,4 +426,29 @@ def emit_step(g: Graph, node: Node, ins: Sequence[Value], axes: Sequence, length
         return new.outputs, oax
     new = g.add(node.prim, list(ins), params, source_info=node.source_info)
     new.ctx = node.ctx
+    keep_varying(new)
     return new.outputs, oax
+
+
+def varying(aval) -> frozenset:
+    """The manual mesh axes (shard_map) along which values of this type differ between devices."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def keep_varying(node: Node) -> None:
+    """Results of a non-collective equation vary over the devices wherever its operands do. Abstract
+    evaluation outside shard_map's tracing context drops that part of the type; put it back."""
+    src = max((v.aval for v in node.inputs), key=lambda a: len(varying(a)), default=None)
+    for o in node.outputs:
+        if src is not None and not varying(src) <= varying(o.aval):
+            o.aval = like_varying(o.aval, src)
+
+
+def like_varying(aval, src):
+    """`aval` typed as varying over the devices (shard_map) as `src` is: its manual mesh and varying axes."""
+    sh = src.sharding
+    spec = type(sh.spec)(*[None] * aval.ndim)
+    mat = src.mat
+    return aval.update(sharding=type(sh)(sh.mesh, spec), manual_axis_type=type(mat)(
+        varying=varying(src) | varying(aval), unreduced=mat.unreduced, reduced=mat.reduced))

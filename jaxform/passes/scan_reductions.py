@@ -55,7 +55,7 @@ from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 from ..ir.loops import ScanLoop
 from ..ir.separability import (ELEMENTWISE, NotSeparable, drop_invariant_axis, effect_free, emit_step,
-                               operand_axes, out_axes, why_not)
+                               keep_varying, like_varying, operand_axes, out_axes, varying, why_not)
 from . import register
 from .dce import shrink_unused
 
@@ -263,18 +263,15 @@ class _Lifter:
         return self.xs[(v.id, a)]
 
 
-def _vary(graph: Graph, init: Value, like) -> Value:
-    """`init` with the device-varying manual axes (shard_map) of `like`, so the carry type checks."""
-    want = getattr(like, "vma", None)
-    if not want or getattr(init.aval, "vma", frozenset()) == want:
+def _vary(graph: Graph, init: Value, like, t: Node) -> Value:
+    """`init` with the device-varying type of `like`, so that the accumulator's carry type checks."""
+    missing = varying(like) - varying(init.aval)
+    if not missing:
         return init
-    return graph.add("pcast", [init], {"axes": tuple(sorted(want)), "to": "varying"}).outputs[0] \
-        if "pcast" in _prims() else graph.add("pvary", [init], {"axes": tuple(sorted(want))}).outputs[0]
-
-
-def _prims():
-    from .._jax import _all_primitives
-    return _all_primitives()
+    aval = like_varying(init.aval, like)   # pvary's abstract evaluation needs shard_map's axis env
+    n = graph.append(Node(_jax.primitive("pvary"), [init], [aval], {"axes": tuple(sorted(missing))},
+                          source_info=t.source_info, ctx=t.ctx))
+    return n.outputs[0]
 
 
 def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defer: bool) -> None:
@@ -307,7 +304,7 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
         lit = Graph.literal(identity(np.dtype(acc_dtype)), acc_dtype, weak_type=step.aval.weak_type)
         init = _add(graph, "broadcast_in_dim", [lit], t, shape=step.aval.shape, broadcast_dimensions=(),
                     sharding=None)
-        init = _vary(graph, init, step.aval)
+        init = _vary(graph, init, step.aval, t)
         carry = loop.add_carry(init)
         carry.set_next(_add(body, acc_op, [carry.inner, step], t))
         final = carry.result
@@ -336,6 +333,7 @@ def _add(g: Graph, prim, ins, like: Node, **params) -> Value:
     """A node standing for (part of) user node `like`: its source line and context."""
     n = g.add(prim, ins, params, source_info=like.source_info)
     n.ctx = like.ctx
+    keep_varying(n)
     return n.outputs[0]
 
 
