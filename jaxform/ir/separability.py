@@ -268,6 +268,16 @@ def _gather(node, axes):
     out_rank = node.outputs[0].aval.ndim
     batch_pos = [d for d in range(out_rank) if d not in offset]   # output positions of indices dims[:-1]
     nidx = node.inputs[1].aval.ndim
+    if ia is None and oa is not None:   # the scan axis is a whole offset (window) dim of the operand: x[..., 0]
+        collapsed, smap = tuple(dn.collapsed_slice_dims), tuple(dn.start_index_map)
+        if oa in smap or oa in collapsed or oa in ob or p["slice_sizes"][oa] != node.inputs[0].aval.shape[oa]:
+            raise NotSeparable("gather indexes the scan axis")
+        window = [d for d in range(node.inputs[0].aval.ndim) if d not in collapsed and d not in ob]
+        b = offset[window.index(oa)]
+        new = dn._replace(offset_dims=_renum(_drop(offset, window.index(oa)), b),
+                          collapsed_slice_dims=_renum(collapsed, oa), start_index_map=_renum(smap, oa),
+                          operand_batching_dims=_renum(ob, oa))
+        return [b], {**p, "dimension_numbers": new, "slice_sizes": _drop(tuple(p["slice_sizes"]), oa)}, None
     if ia is None or ia == nidx - 1:
         raise NotSeparable("gather indexes the scan axis")
     b = batch_pos[ia]
