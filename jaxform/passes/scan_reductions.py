@@ -174,7 +174,7 @@ def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
                     origin[o.id] = src
                 changed = True
     for v in inside.values():
-        uses = [u for u, _ in v.uses if u is OUT or id(u) not in taken]
+        uses = [u for u, _ in v.uses if u is OUT or (id(u) not in taken and not _dead(u, {}))]
         if not uses:
             continue
         if v.producer is not None and v.producer.name in REDUCTIONS and v.id not in roots:
@@ -187,6 +187,16 @@ def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
             else:
                 plan.blockers.append((u, waiting.get(id(u), (u, "not step-by-step"))[1]))
     return plan
+
+
+def _dead(n: Node, memo: dict) -> bool:
+    """Is `n` effect-free with results nobody (transitively) reads? Such a consumer does not block:
+    the dce after fusion removes it (an unused `x[0]` of a library NamedTuple left by inlining)."""
+    if id(n) not in memo:
+        memo[id(n)] = False   # (cycles cannot occur; this only guards re-entry)
+        memo[id(n)] = not n.effects and not any(m.effects for g in n.subgraphs() for m, _ in g.walk()) and all(
+            u is not OUT and _dead(u, memo) for o in n.outputs for u, _ in o.uses)
+    return memo[id(n)]
 
 
 def blockers(graph: Graph) -> list[tuple[Node, Node | None, str]]:

@@ -475,3 +475,15 @@ def test_deferred_and_eager_accumulators(defer):
     carries = [v.aval.shape for v in s.outputs[:s.params["num_carry"]]]
     assert carries == [(B, H), (B, H) if defer else ()]
     assert stacked(after) == []
+
+
+def test_dead_consumer_does_not_block():
+    """An unused value computed from ys (left by inlining a library helper) does not block fusion."""
+    def fn(W, h0, xs):
+        ys = rnn(W, h0, xs)
+        _unused = jnp.exp(ys[0])   # noqa: F841  (dead, like an unused field of a NamedTuple)
+        return jnp.sum(ys ** 2)
+    before = jax.make_jaxpr(fn)(W, H0, XS)
+    assert "exp" in [n.name for n in Graph.from_jaxpr(before).nodes]   # the dead consumer is there
+    after = run_passes(before, [fuse_scan_reductions, "dce"], strict=True)
+    assert stacked(after) == []
