@@ -487,3 +487,16 @@ def test_dead_consumer_does_not_block():
     assert "exp" in [n.name for n in Graph.from_jaxpr(before).nodes]   # the dead consumer is there
     after = run_passes(before, [fuse_scan_reductions, "dce"], strict=True)
     assert stacked(after) == []
+
+
+def test_explain_names_the_blocking_consumer():
+    """explain: a scan whose outputs did not fuse names the consumer, why, and the user's line."""
+    def fn(W, h0, xs):
+        ys = rnn(W, h0, xs)
+        return jnp.sum(ys[2:] ** 2)   # a slice along the scan axis
+    r = jaxform.explain(fn, W, H0, XS, memory=False)
+    (u,) = r.unfused
+    assert u["consumer"] == "slice" and "scan axis" in u["why"]
+    assert "test_scan_reductions.py" in u["where"] and "fn" in u["where"]
+    assert "blocks it" in str(r) and "test_scan_reductions.py" in str(r)
+    assert jaxform.explain(seed_loss, W, H0, XS, T, memory=False).unfused == []
