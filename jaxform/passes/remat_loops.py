@@ -18,7 +18,9 @@ such buffer. This pass rewrites each scan (before AD sees it: it works for
             (√L * C * 2 + R bytes, two extra forwards).
 
 The cost model (R: residual bytes per step, measured by asking JAX for the
-body's VJP residuals that are not loop constants; C: carry bytes per step):
+body's VJP residuals that are not loop constants or xs slices; C: the same for
+the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
+loss accumulator that is only added to is not one):
 
     memory="auto"  remat where R >= 2 C (the stored bytes at least halve) and the
                    recomputation is cheap: F <= 80 FLOPs per byte no longer
@@ -67,7 +69,7 @@ class LoopPlan:
     """What one scan will remember under grad (also what `explain` reports)."""
     length: int
     residual_bytes: int     # R: per step, what AD stores without remat
-    carry_bytes: int        # C: per step, what a remat'd step stores
+    carry_bytes: int        # C: per step, what a remat'd step stores (the carries its recomputation reads)
     flops: int = 0          # F: per step, what recomputing the body costs
     schedule: str = "keep"
     slots: int = 0          # revolve: carries stored
@@ -129,7 +131,7 @@ def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
             out.extend(plan(sub))
         if node.name == "scan" and _reschedulable(node):
             loop = ScanLoop(node)
-            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _bytes(loop.body_carry),
+            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _residual_bytes(loop, remat=True),
                                               body_flops(loop.body), all_float=_all_float(loop))))
     return out
 
@@ -158,7 +160,7 @@ def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
             p.schedule = target
     # Still over: binomial checkpointing, sharing what is left of the budget by loop length.
     over = [p for _, _, p in plans if p.schedule == "sqrt" and p.all_float]
-    if not over:
+    if not over or sum(p.predicted_bytes() for *_, p in plans) <= memory:
         return
     rest = memory - sum(p.predicted_bytes() for _, _, p in plans if p not in over)
     steps = sum(p.length for p in over)
@@ -212,10 +214,14 @@ def _sds(aval):
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def _residual_bytes(loop: ScanLoop) -> int:
-    """Per-step bytes AD would store for this body: its VJP residuals, less loop constants."""
+def _residual_bytes(loop: ScanLoop, remat: bool = False) -> int:
+    """Per-step bytes AD would store for this body: its VJP residuals, less loop constants and xs slices.
+
+    remat=True: of the body under `jax.checkpoint(policy=nothing_saveable)`, i.e. the inputs the
+    recomputation needs (a carry used only linearly, such as a loss accumulator, is not one).
+    """
     body = loop.body.to_jaxpr()
-    nc = loop.num_consts
+    nc, nk = loop.num_consts, loop.num_carry
     found = []
 
     def probe(*args):
@@ -230,8 +236,10 @@ def _residual_bytes(loop: ScanLoop) -> int:
             for i, v in zip(floats, fl):
                 full[i] = v
             return fn(*full)
+        if remat:
+            diff = jax.checkpoint(diff, policy=jax.checkpoint_policies.nothing_saveable)
         _, vjp = jax.vjp(diff, *[rest[i] for i in floats])
-        invariant = {id(c) for c in consts}
+        invariant = {id(c) for c in consts} | {id(x) for x in rest[nk:]}   # read in place, never stacked
         found.extend(_jax.get_aval(r) for r in jax.tree_util.tree_leaves(vjp) if id(r) not in invariant)
         return 0
 

@@ -210,7 +210,8 @@ def test_budget_picks_cheapest_schedule_that_fits():
     g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
     (*_, p), = plan(g)
     assert p.predicted_bytes("keep") > p.predicted_bytes("remat") > p.predicted_bytes("sqrt")
-    for budget, want in [(10 ** 12, "keep"), (p.predicted_bytes("remat"), "remat"), (1, "sqrt")]:
+    for budget, want in [(10 ** 12, "keep"), (p.predicted_bytes("remat"), "remat"),
+                         (p.predicted_bytes("sqrt"), "sqrt"), (1, "revolve")]:
         g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
         plans = plan(g)
         from jaxform.passes.remat_loops import choose
