@@ -16,9 +16,11 @@ Cost rule (what never moves):
 - `cond`/`while` nodes: batched, a cond runs every branch and a while runs the
   longest trip count for all steps;
 - parts that are only layout ops of `xs` (reshape, convert, ...): no work to batch;
-- memory: the new stacked buffers may add at most the bytes of the scan's own
-  `xs` and `ys` buffers (after subtracting the `xs` that the move leaves
-  unused), so peak memory grows by at most what the loop already held.
+- memory: the new stacked buffers (the results entering the loop, plus the
+  largest intermediate of the batched part, for all steps) may add at most
+  the bytes of the scan's own `xs` and `ys` buffers, after subtracting the
+  `xs` that the move leaves unused: peak memory grows by at most what the
+  loop already held.
 
 Reassociating? No: the same primitives on the same values, batched; XLA may
 pick a different matmul blocking, so results agree to float rounding
@@ -128,9 +130,15 @@ def split_before(graph: Graph, node: Node) -> bool:
 
 
 def _affordable(loop: ScanLoop, chosen: list[Node], escaping: list[Value]) -> bool:
-    """The memory rule: new stacked buffers minus the xs freed <= the loop's own xs + ys bytes."""
-    L, ids = loop.length, {id(n) for n in chosen}
-    added = L * sum(_nbytes(v.aval) for v in escaping)
+    """The memory rule: new stacked buffers minus the xs freed <= the loop's own xs + ys bytes.
+
+    New buffers: the escaping values for all steps, plus (conservatively) the
+    largest intermediate of the batched part for all steps, in case XLA does
+    not fuse it away.
+    """
+    L, ids, esc = loop.length, {id(n) for n in chosen}, {v.id for v in escaping}
+    inner = max((_nbytes(o.aval) for n in chosen for o in n.outputs if o.id not in esc), default=0)
+    added = L * (sum(_nbytes(v.aval) for v in escaping) + inner)
     freed = sum(_nbytes(o.aval) for v, o in zip(loop.body_xs, loop.xs)
                 if v.uses and all(u is not OUT and id(u) in ids for u, _ in v.uses) and len(o.uses) == 1)
     budget = sum(_nbytes(v.aval) for v in loop.xs) + sum(_nbytes(v.aval) for v in loop.ys)
