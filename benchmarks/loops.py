@@ -9,7 +9,7 @@ interleaved; the ratios orig/opt (> 1: faster) and hand/opt (1: as fast as
 by hand); XLA temp memory of original and optimized. The pipeline is
 `passes.DEFAULT` with `sum_then_pull_back` after `hoist_loop_invariants` and `fission` after
 `fuse_scan_reductions` (where DEFAULT does not list them yet).
-Run: .venv/bin/python benchmarks/loops.py [--quick] [--reps N] [--only NAME]
+Run: .venv/bin/python benchmarks/loops.py [--quick] [--reps N] [--only NAME] [--without PASS ...]
 """
 import sys
 
@@ -32,6 +32,8 @@ if "fission" not in PIPE:
     PIPE.insert(PIPE.index("fuse_scan_reductions") + 1 if "fuse_scan_reductions" in PIPE else len(PIPE) - 1, "fission")
 if "sum_then_pull_back" not in PIPE:
     PIPE.insert(PIPE.index("hoist_loop_invariants") + 1, "sum_then_pull_back")
+for drop in [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--without"]:
+    PIPE.remove(drop)
 R = np.random.RandomState(0)
 
 

@@ -15,6 +15,8 @@ Cost rule (what never moves):
 - effectful nodes (and anything reading them): their order is fixed;
 - `cond`/`while` nodes: batched, a cond runs every branch and a while runs the
   longest trip count for all steps;
+- on CPU, matmuls (`BATCH_MATMULS`, measured: a batched input projection made
+  an RNN slower there, see below);
 - parts that are only layout ops of `xs` (reshape, convert, ...): no work to batch;
 - memory: the new stacked buffers (the results entering the loop, plus the
   largest intermediate of the batched part, for all steps) may add at most
@@ -39,6 +41,12 @@ from .licm import TRIVIAL, _nbytes, _pure, _topo
 from .outline import outline
 
 NO_BATCH = frozenset({"cond", "while", "rng_uniform"})
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+# Batch matmuls (input projections) too? None: by backend, not on CPU. Measured on CPU (benchmarks/loops.py,
+# L=400, B=H=128): a hand-batched `xs @ U` made the RNN 0.8-0.95x as fast forward and 0.5-0.8x under grad
+# (D = 32..512): XLA:CPU runs the small per-step matmul from cache, the batched one streams a [L, B, H]
+# buffer through memory. Elementwise work (the seed's cos) wins everywhere (grad 2.9-3.3x).
+BATCH_MATMULS: bool | None = None
 
 
 @register(exact=False)
@@ -68,12 +76,13 @@ def carry_free(loop: ScanLoop) -> tuple[list[Node], set[int]]:
     Also returns the ids of the nodes among them that read xs (the others are constant work).
     """
     body, dep = loop.body, loop.carry_dependent()
+    no_batch = NO_BATCH if _batch_matmuls() else NO_BATCH | MATMULS
     const_ids = {v.id for v in loop.body_consts} | {v.id for v in body.consts}
     xs_ids = {v.id for v in loop.body_xs}
     kind: dict[int, str] = {i: "c" for i in const_ids} | {i: "x" for i in xs_ids}
     nodes: list[Node] = []
     for n in _topo(body):
-        if (n.name in NO_BATCH or not _pure(n) or any(o.id in dep for o in n.outputs)
+        if (n.name in no_batch or not _pure(n) or any(o.id in dep for o in n.outputs)
                 or not all(v.is_literal or v.id in kind for v in n.inputs)):
             continue
         k = "x" if any(kind.get(v.id) == "x" for v in n.inputs) else "c"
@@ -87,6 +96,10 @@ def carry_free(loop: ScanLoop) -> tuple[list[Node], set[int]]:
             keep.add(id(n))
             keep.update(id(made[v.id]) for v in n.inputs if v.id in made)
     return [n for n in nodes if id(n) in keep], {id(n) for n in nodes if kind[n.outputs[0].id] == "x"}
+
+
+def _batch_matmuls() -> bool:
+    return jax.default_backend() != "cpu" if BATCH_MATMULS is None else BATCH_MATMULS
 
 
 def split_before(graph: Graph, node: Node) -> bool:

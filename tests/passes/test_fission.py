@@ -1,4 +1,6 @@
 """fission: differential tests (values, gradients, jit, vmap) and that carry-free work really leaves the body."""
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,14 @@ from jax import lax
 import jaxform
 from jaxform.ir import Graph
 from jaxform.passes import fission
+fission_mod = importlib.import_module("jaxform.passes.fission")   # the module (the package attribute is the pass)
 from jaxform.testing import assert_pass_ok
+
+@pytest.fixture(autouse=True)
+def batch_matmuls(monkeypatch):
+    """Differential tests batch matmuls too (the CPU default keeps them in the loop, see test_cpu_default)."""
+    monkeypatch.setattr(fission_mod, "BATCH_MATMULS", True)
+
 
 R = np.random.RandomState(0)
 L_, B_, D_, H_ = 6, 3, 6, 5   # inputs a little wider than the state, as usual
@@ -230,3 +239,12 @@ def test_count_changed(capsys):
     n = sum(str(jax.make_jaxpr(f)(*a_)) != str(jaxform.trace(jaxform.optimize(f, passes=["fission"]), *a_)
                                                   .to_jaxpr()) for f, a_ in CHANGED + UNCHANGED)
     assert n == len(CHANGED)
+
+
+def test_cpu_default_keeps_matmuls(monkeypatch):
+    """By default on CPU an input projection stays in the loop (slower batched there); cos(xs) still moves."""
+    monkeypatch.setattr(fission_mod, "BATCH_MATMULS", None)
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU rule")
+    assert not changed(rnn_inproj, (W, U, H0, XS))
+    assert changed(seed_sincos, (X1, X2))
