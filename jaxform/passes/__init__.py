@@ -29,9 +29,14 @@ from .algebra import algebra, algebra_exact  # noqa: E402
 from .licm import hoist_loop_invariants  # noqa: E402
 from .outline import outline  # noqa: E402
 from .scan_reductions import fuse_scan_reductions  # noqa: E402
+from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
 
-DEFAULT = ["inline", "cse", "hoist_loop_invariants", "fuse_scan_reductions", "dce"]
+# Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
+# fusion pulls the loss into the body before fission batches its carry-free work out of the loop
+# (the other way round fission would stack cos(xs) and leave fusion nothing); remat_loops
+# (optimize's memory=) plans the loops last, once they hold what they will hold.
+DEFAULT = ["inline", "cse", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission", "dce"]
 
 
 def get(p) -> Callable[[Graph], Graph]:

@@ -345,3 +345,174 @@ def _safe_key(node: Node, names: dict):
         return node_key(node, lambda v: names[v.id])
     except TypeError:
         return None
+
+
+# ---- sum first, pull back once: linear accumulations in scan carries ----------------------
+
+LINEAR_ALL = frozenset({"add", "add_any", "sub"})      # linear in every operand
+LINEAR_FIRST = frozenset({"neg", "transpose", "reshape", "reduce_sum", "broadcast_in_dim", "squeeze",
+                          "expand_dims", "copy", "copy_p", "rev", "convert_element_type", "div"})
+LINEAR_ONE = frozenset({"mul", "dot_general"})          # linear in one operand, the other a loop constant
+
+
+@register(exact=False)
+def sum_then_pull_back(graph: Graph) -> Graph:
+    """Rewrite a scan carry `acc + L(m_t)`, L linear with loop-constant coefficients, as `acc + L(sum_t m_t)`.
+
+    This is the transposed scan of a gradient whose loop-invariant residual
+    (`G = W @ W.T`) was computed inside the loop: every step pulls its cotangent
+    back through the residual's computation (two H x H x H products) and adds
+    it to the carried gradient. Summing the per-step cotangents `m_t` in a new
+    carry and pulling back once after the loop does the same work once, as JAX
+    does when `G` is a loop constant. Reassociates sums (not exact).
+    """
+    for node in list(graph.nodes):
+        for sub in node.subgraphs():
+            sum_then_pull_back(sub)
+        if node.name == "scan" and not _input_effects(node):
+            while _defer_one(graph, node):
+                pass
+    return graph
+
+
+def _defer_one(graph: Graph, node: Node) -> bool:
+    from ..ir import ScanLoop
+    loop = ScanLoop(node)
+    body = loop.body
+    outer_of = {v.id: o for v, o in zip(loop.body_consts, loop.consts)}
+    outer_of.update((v.id, v) for v in body.consts)
+    for j, (cin, cout) in enumerate(zip(loop.body_carry, loop.body_carry_out)):
+        add = cout.producer
+        if (add is None or add.name not in ("add", "add_any") or cin not in add.inputs
+                or len(cin.uses) != 1 or cout.uses != [(OUT, j)]):
+            continue
+        r = add.inputs[1 - add.inputs.index(cin)]
+        if r.producer is None or len(r.uses) != 1:
+            continue
+        owner, call, rr, consts = body, None, r, outer_of
+        if r.producer.name in PEEL and _pure(r.producer) and r.producer.name not in ("jit", "pjit"):
+            call = r.producer
+            owner, rr = call.regions["body"], call.regions["body"].outputs[r.index]
+            if sum(1 for o in owner.outputs if o is rr) != 1 or len(rr.uses) != 1:
+                continue
+            consts = {b.id: outer_of[v.id] for b, v in zip(owner.inputs, call.inputs) if v.id in outer_of}
+            consts.update((v.id, v) for v in owner.consts)
+        region = _linear_region(rr, consts)
+        if region is None:
+            continue
+        nodes, m = region
+        _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts)
+        return True
+    return False
+
+
+def _linear_region(r: Value, consts: dict[int, Value]):
+    """(nodes computing r linearly from one source value m, m), or None."""
+    nodes: dict[int, Node] = {}
+    sources: dict[int, Value] = {}
+    const = lambda v: v.is_literal or v.id in consts  # noqa: E731
+
+    def visit(v: Value, root: bool) -> None:
+        p = v.producer
+        lin = None
+        if p is not None and (root or all(u is not OUT for u, _ in v.uses)) and not p.effects and not p.regions:
+            if p.name in LINEAR_ALL and not any(const(x) for x in p.inputs):
+                lin = list(p.inputs)
+            elif p.name in LINEAR_FIRST and not const(p.inputs[0]) and all(const(x) for x in p.inputs[1:]):
+                lin = [p.inputs[0]]
+            elif p.name in LINEAR_ONE and len(p.inputs) == 2 and sum(map(const, p.inputs)) == 1:
+                lin = [x for x in p.inputs if not const(x)]
+        if lin is None or (p.name == "convert_element_type" and not _float(p)):
+            sources[v.id] = v
+            return
+        if id(p) not in nodes:
+            nodes[id(p)] = p
+            for x in lin:
+                visit(x, False)
+
+    visit(r, True)
+    if len(sources) != 1 or not any(n.name == "dot_general" for n in nodes.values()):
+        return None
+    region = {id(n) for n in nodes.values()}
+    for n in nodes.values():   # nothing but the region (and r's one user) reads the region's values
+        for o in n.outputs:
+            if o is not r and any(u is OUT or id(u) not in region for u, _ in o.uses):
+                return None
+    (m,) = sources.values()
+    return [n for n in _topo_of(list(nodes.values()))], m
+
+
+def _float(node: Node) -> bool:
+    import numpy as np
+    return all(np.issubdtype(v.aval.dtype, np.inexact) for v in node.inputs + node.outputs)
+
+
+def _topo_of(nodes: list[Node]) -> list[Node]:
+    ids, done, order = {id(n) for n in nodes}, set(), []
+
+    def go(n):
+        if id(n) in done:
+            return
+        done.add(id(n))
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in ids:
+                go(v.producer)
+        order.append(n)
+    for n in nodes:
+        go(n)
+    return order
+
+
+def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) -> None:
+    body = loop.body
+    if call is not None:   # the call returns m instead of L(m)
+        k = r.index
+        owner.set_output(k, m)
+        new = Value(m.aval, call, k)
+        outs = list(call.outputs)
+        outs[k] = new
+        call.set_outputs(outs)
+        m_body = new
+    else:
+        m_body = m
+    cin = loop.body_carry[j]
+    # acc_m: a new carry summing m over the steps
+    zero = Graph.literal(0, m.aval.dtype)
+    init = graph.add("broadcast_in_dim", [zero], {"shape": m.aval.shape, "broadcast_dimensions": (),
+                                                "sharding": None})
+    graph._nodes.pop()
+    acc = loop.add_carry(init.outputs[0])
+    step = body.add("add_any", [acc.inner, m_body])
+    acc.set_next(step.outputs[0])
+    body.set_output(j, cin)    # the old carry passes through unchanged
+    body.remove(add)
+    for n in reversed(nodes):  # L is now dead in the loop body
+        if all(not o.uses for o in n.outputs):
+            owner.remove(n)
+    # after the loop: result_j + L(acc_m)
+    env = {m.id: acc.result}
+    after = []
+    for n in nodes:
+        ins = []
+        for v in n.inputs:
+            if v.id in env:
+                ins.append(env[v.id])
+            elif v.is_literal:
+                ins.append(v)
+            elif consts[v.id].is_const and not any(consts[v.id] is c for c in graph.consts):
+                ins.append(graph.add_const(consts[v.id].const))   # a constant of an inner body
+            else:
+                ins.append(consts[v.id])
+        c = graph.add(n.prim, ins, n.params, source_info=n.source_info)
+        graph._nodes.pop()
+        after.append(c)
+        env.update((o.id, co) for o, co in zip(n.outputs, c.outputs))
+    res = node.outputs[j]
+    uses = list(res.uses)
+    fin = graph.add("add_any", [node.inputs[loop.num_consts + j], env[rr.id]])   # the carry's start value
+    graph._nodes.pop()
+    for u, i in uses:
+        graph.set_output(i, fin.outputs[0]) if u is OUT else u.set_input(i, fin.outputs[0])
+    at = graph.nodes.index(node)
+    graph._nodes[at:at] = [init]
+    graph._nodes[at + 2:at + 2] = after + [fin]
