@@ -284,3 +284,96 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)
     return wrapper
+
+
+# ---- filter_optimize ------------------------------------------------------------
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+class _Static:
+    """A static leaf in a cache key: equal by `==` when hashable, else by identity (as equinox.filter_jit)."""
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value):
+        self.value = value
+        try:
+            self._hash = hash((type(value), value))
+        except TypeError:
+            self._hash = None
+
+    def __hash__(self):
+        return id(self.value) if self._hash is None else self._hash
+
+    def __eq__(self, other):
+        if not isinstance(other, _Static) or type(self.value) is not type(other.value):
+            return False
+        if self._hash is None or other._hash is None:
+            return self.value is other.value
+        try:
+            return bool(self.value == other.value)
+        except Exception:
+            return self.value is other.value
+
+
+@jax.tree_util.register_static
+class _Hole:
+    """Stands in the traced arguments for a static leaf: a pytree node without leaves."""
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+    def __hash__(self):
+        return hash(self.i)
+
+    def __eq__(self, other):
+        return isinstance(other, _Hole) and other.i == self.i
+
+
+def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
+                    strict: bool = False) -> Callable:
+    """`optimize` with every non-array leaf of the arguments static, like `equinox.filter_jit`.
+
+    Array leaves (jax/NumPy arrays and scalars) are traced; all other leaves
+    (Python ints and floats, strings, functions, ...) are static, compared by
+    `==` if hashable and by identity otherwise. Each distinct set of static
+    leaves is its own cache entry, so an `int` field of a model (a hidden size)
+    can drive Python control flow. Tracing errors name `fn` and the argument path.
+    """
+    if fn is None:
+        return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict)
+    if not callable(fn):
+        raise TypeError(f"jaxform.filter_optimize expects a function, got {type(fn).__name__}")
+    pipeline = tuple(_pipeline(passes, exact))
+    inner_cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        statics = tuple(None if _is_array(l) else _Static(l) for l in leaves)
+        key = (tree, statics)
+        inner = inner_cache.get(key)
+        if inner is None:
+            inner = inner_cache[key] = optimize(_with_statics(fn, leaves), list(pipeline), strict=strict)
+        holed = [l if _is_array(l) else _Hole(i) for i, l in enumerate(leaves)]
+        a, k = jax.tree_util.tree_unflatten(tree, holed)
+        return inner(*a, **k)
+
+    wrapper.cache_size = lambda: sum(f.cache_size() for f in inner_cache.values())
+    wrapper.passes = pipeline
+    return wrapper
+
+
+def _with_statics(fn, leaves):
+    """`fn` taking the arguments with static leaves replaced by holes, and filling them back in."""
+    statics = {i: l for i, l in enumerate(leaves) if not _is_array(l)}
+
+    @functools.wraps(fn)
+    def filled(*args, **kwargs):
+        fill = lambda x: statics[x.i] if isinstance(x, _Hole) else x
+        a, k = jax.tree_util.tree_map(fill, (args, kwargs), is_leaf=lambda x: isinstance(x, _Hole))
+        return fn(*a, **k)
+
+    return filled
