@@ -231,7 +231,7 @@ def test_out_of_range_axes_raise():
     with pytest.raises(BuildError, match="not all size 1"):
         b.squeeze(x, (0,))
     y = [b.reduce_sum(x, -1), b.argmax(x, -2), b.expand_dims(x, (-1,)), b.concatenate([x, x], -1)]
-    f = to_function(b.build(*y))
+    f = to_function(b.build(y))
     a = np.arange(12.0, dtype=np.float32).reshape(3, 4)
     want = [a.sum(-1), a.argmax(-2), a[..., None], np.concatenate([a, a], -1)]
     for w, g in zip(want, f(a)):
