@@ -42,11 +42,12 @@ def test_to_function_rejects_other_pytree_and_shape():
 # ---- finding 7: the cache key includes JAX's configuration ----
 
 def test_cache_key_includes_x64():
-    g = jaxform.optimize(lambda x: x + 1)
-    assert g(1).dtype == jnp.int32
+    f = lambda x: x + jnp.arange(3)       # same argument types under both modes, different result dtype
+    g, x = jaxform.optimize(f), jnp.ones(3, jnp.int32)
+    assert g(x).dtype == jnp.int32
     with jax.enable_x64():
-        assert g(1).dtype == jax.jit(lambda x: x + 1)(1).dtype == jnp.int64
-    assert g(1).dtype == jnp.int32
+        assert g(x).dtype == jax.jit(f)(x).dtype == jnp.int64
+    assert g(x).dtype == jnp.int32
 
 
 def test_cache_key_includes_rank_promotion():
