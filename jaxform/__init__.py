@@ -6,7 +6,7 @@ composes with jit, grad, vmap and sharding.
 """
 from . import passes
 from .ir import Graph, Node, Value
-from .optimize import PassError, optimize, to_function, trace
+from .optimize import PassError, filter_optimize, optimize, to_function, trace
 from .state import for_loop, scan, discharge
 
 __version__ = "0.1.0"

@@ -207,3 +207,48 @@ def with_weak_type(x, weak: bool):
     make a value weakly typed, which `jaxform.scan` needs to give results the types lax.scan gives."""
     from jax._src.lax import lax as _lax
     return _lax._convert_element_type(x, x.dtype, weak_type=weak)
+
+
+# ---- jax.jit's rules, for `optimize` (static arguments, config key, tracing with debug info) ----
+
+def trace_context() -> tuple:
+    """The configuration state jax.jit keys its caches on (x64, rank promotion, matmul precision, ...)."""
+    from jax._src import config
+    return config.trace_context()
+
+
+def resolve_static_args(fn, static_argnums, static_argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """jax.jit's static_argnums/static_argnames, completed from `fn`'s signature and validated as jit does."""
+    from jax._src import api_util
+    _, _, nums, names = api_util.resolve_argnums(fn, api_util.fun_signature(fn), None, None,
+                                                 static_argnums, static_argnames)
+    return nums, names
+
+
+def jit_trace(fn, static_argnums, static_argnames, args, kwargs):
+    """Trace `fn` as jax.jit does: its static-argument rules, and its errors naming `fn` and argument paths.
+
+    Returns (closed jaxpr, out_tree). Tracers of an enclosing transformation that
+    `fn` closes over become leading consts of the closed jaxpr (as with make_jaxpr);
+    its invars are the leaves of the dynamic arguments in jit's order.
+    """
+    t = jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames).trace(*args, **kwargs)
+    closed, n = t.jaxpr, t._num_consts
+    if n:
+        jaxpr = closed.jaxpr
+        dbg = jaxpr.debug_info
+        if dbg.arg_names is not None:
+            dbg = dbg._replace(arg_names=dbg.arg_names[n:])
+        jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
+                              debug_info=dbg)
+        closed = ClosedJaxpr(jaxpr, [*closed.consts, *t._consts])
+    return closed, t.out_tree
+
+
+def as_output(x, aval):
+    """`x` as the jax Array jit would return for `aval` (eval_jaxpr hands back literals and inputs as they are)."""
+    if isinstance(x, jax.Array):
+        return x
+    from jax._src.lax import lax as _lax
+    import numpy as np
+    return _lax._convert_element_type(x, np.dtype(aval.dtype), getattr(aval, "weak_type", False))

@@ -38,32 +38,56 @@ def _fn_name(fn) -> str:
         return name
 
 
-def _check_leaves(fn, leaves, paths) -> None:
+def _is_leaf_ok(leaf) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex, bool, jax.ShapeDtypeStruct)) or \
+        isinstance(leaf, _jax.Tracer)
+
+
+def _arg_path(fn, path, positions=None) -> str:
+    """`model.hidden_size` for a leaf path of ((args), {kwargs}), naming positionals from `fn`'s signature."""
+    if not path:
+        return "(arguments)"
+    head, rest = path[0], path[1:]
+    if getattr(head, "idx", None) == 0 and rest:     # positional argument
+        i = rest[0].idx
+        i = positions[i] if positions is not None else i
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+            name = params[i].name if i < len(params) and params[i].kind in (
+                params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD) else f"args[{i}]"
+        except (TypeError, ValueError):
+            name = f"args[{i}]"
+        rest = rest[1:]
+    elif rest:                                         # keyword argument
+        name, rest = str(rest[0].key), rest[1:]
+    else:
+        return "(arguments)"
+    out = name
+    for k in rest:
+        out += f".{k.name}" if isinstance(k, jax.tree_util.GetAttrKey) else jax.tree_util.keystr((k,))
+    return out
+
+
+def _check_leaves(fn, leaves, paths, positions=None) -> None:
     for leaf, path in zip(leaves, paths):
-        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex, bool)) or \
-                isinstance(leaf, _jax.Tracer):
-            continue
-        raise TypeError(
-            f"jaxform: argument {jax.tree_util.keystr(path) or '(positional)'} of {_fn_name(fn)} is a "
-            f"{type(leaf).__name__}, which is not an array. Mark it static "
-            f"(optimize(fn, static_argnums=...) / static_argnames=...) or pass an array.")
+        if not _is_leaf_ok(leaf):
+            raise TypeError(
+                f"jaxform: argument {_arg_path(fn, path, positions)} of {_fn_name(fn)} is a "
+                f"{type(leaf).__name__}, which is not an array. Mark it static "
+                f"(optimize(fn, static_argnums=...) / static_argnames=...), use jaxform.filter_optimize, "
+                f"or pass an array.")
+
+
+def _outputs(closed, outs) -> list:
+    """Outputs as jit returns them: jax Arrays of the jaxpr's output types (eval_jaxpr passes literals through)."""
+    return [_jax.as_output(o, a) for o, a in zip(outs, closed.out_avals)]
 
 
 def trace(fn: Callable, *args, **kwargs) -> Graph:
     """Trace `fn` on example arguments (arrays, ShapeDtypeStructs or pytrees of them) into a Graph."""
-    flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-    _check_leaves(fn, [jax.numpy.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
-                       for x in flat], paths)
-    out_tree = None
-
-    def flat_fn(*leaves):
-        nonlocal out_tree
-        a, k = jax.tree_util.tree_unflatten(in_tree, leaves)
-        out, out_tree = jax.tree_util.tree_flatten(fn(*a, **k))
-        return out
-
-    closed = jax.make_jaxpr(flat_fn)(*flat)
+    paths_leaves, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    _check_leaves(fn, [l for _, l in paths_leaves], [p for p, _ in paths_leaves])
+    closed, out_tree = _jax.jit_trace(fn, (), (), args, kwargs)
     g = Graph.from_jaxpr(closed)
     g.in_tree, g.out_tree = in_tree, out_tree
     return g
@@ -73,20 +97,51 @@ def to_function(graph: Graph) -> Callable:
     """A callable running `graph` (a snapshot of it now); composes with jit, grad, vmap.
 
     If the graph came from `trace`, it takes and returns the same pytrees as
-    the traced function; otherwise flat arrays in, a list of arrays out.
+    the traced function (positional and keyword arguments as they were traced),
+    otherwise flat arrays in, a list of arrays out. Arguments of another
+    structure, shape or dtype raise a TypeError: a graph is one signature.
     """
     closed = graph.to_jaxpr()
     in_tree, out_tree = graph.in_tree, graph.out_tree
+    in_avals = closed.in_avals
 
     def run(*args, **kwargs):
-        flat = jax.tree_util.tree_leaves((args, kwargs)) if in_tree is not None else list(args)
-        if len(flat) != len(closed.jaxpr.invars):
-            raise TypeError(f"jaxform: this graph takes {len(closed.jaxpr.invars)} arrays, got {len(flat)}")
-        outs = _jax.eval_jaxpr(closed, *flat)
+        if in_tree is not None:
+            flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+            if tree != in_tree:
+                raise TypeError(
+                    "jaxform: this graph was traced with arguments structured as "
+                    f"{_describe(in_tree)}, but was called with {_describe(tree)}. Pass the same pytrees, "
+                    "positional and keyword arguments as at tracing (or trace again).")
+        else:
+            if kwargs:
+                raise TypeError("jaxform: this graph takes positional arrays only (it was not traced from a "
+                                "function); got keyword arguments " + ", ".join(kwargs))
+            flat = list(args)
+        if len(flat) != len(in_avals):
+            raise TypeError(f"jaxform: this graph takes {len(in_avals)} arrays, got {len(flat)}")
+        for i, (x, a) in enumerate(zip(flat, in_avals)):
+            if not _is_leaf_ok(x):
+                raise TypeError(f"jaxform: input {i} of this graph is a {type(x).__name__}, not an array")
+            b = _jax.get_aval(x)
+            if tuple(b.shape) != tuple(a.shape) or b.dtype != a.dtype:
+                raise TypeError(f"jaxform: input {i} of this graph must be {a.str_short()}, got "
+                                f"{b.str_short()}. Trace again for other shapes or dtypes.")
+        outs = _outputs(closed, _jax.eval_jaxpr(closed, *flat))
         return jax.tree_util.tree_unflatten(out_tree, outs) if out_tree is not None else outs
 
     run.jaxpr = closed
     return run
+
+
+def _describe(tree) -> str:
+    """'2 positional (pytree), keywords a, b' for a treedef of ((args), {kwargs})."""
+    try:
+        args, kwargs = jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves)
+        kw = f"keyword arguments {', '.join(kwargs)}" if kwargs else "no keyword arguments"
+        return f"{len(args)} positional argument(s) {args!r} and {kw}"
+    except Exception:
+        return str(tree)
 
 
 # ---- verification -------------------------------------------------------------
@@ -155,21 +210,39 @@ def _aval_key(x):
     return (a.shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
 
 
-def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exact: bool = False,
-             strict: bool = False, static_argnums: int | Sequence[int] = (),
-             static_argnames: str | Sequence[str] = (), memory="default") -> Callable:
+def _pipeline(passes, exact: bool) -> list:
+    if passes is None:
+        return _passes.default_pipeline(exact)
+    if isinstance(passes, str) or callable(passes):
+        passes = [passes]              # one pass, not a sequence of characters
+    pipeline = [_passes.get(p) for p in passes]
+    return [p for p in pipeline if getattr(p, "exact", False)] if exact else pipeline
+
+
+def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
+             strict: bool = False, static_argnums: int | Sequence[int] | None = None,
+             static_argnames: str | Sequence[str] | None = None, memory="default") -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
-    passes: pass names or callables (default: the `passes.DEFAULT` pipeline).
-    exact: keep only passes that give bit-for-bit equal results.
+    passes: a pass name or callable, or a sequence of them (default: the `passes.DEFAULT` pipeline).
+    exact: keep only passes registered exact, i.e. that never change a value computed
+        by the same primitives: the optimized jaxpr gives bit-identical results when
+        evaluated op by op (eagerly). Under `jax.jit` XLA fuses and may contract the
+        optimized program differently than the original (e.g. float16 arithmetic kept
+        in float32 across a fusion), so jitted results may differ in the last bits,
+        exactly as two equivalent jitted programs may. See docs/testing.md.
     strict: raise instead of skipping a pass that fails.
-    static_argnums / static_argnames: as in `jax.jit` (hashable, part of the cache key).
-    memory: what loops remember under grad (`passes.remat_loops`): None (everything, as JAX
-      does), "auto" (remat a scan body where that at least halves its stored bytes and the
-      recomputation is cheap), "min" (two-level √L checkpointing) or a byte budget for the
-      gradient's loop residuals. Default: "auto" with the default pipeline, None when `passes`
-      is given or exact=True (remat is not bit-exact).
+    static_argnums / static_argnames: as in `jax.jit` (names and numbers complete each
+        other from `fn`'s signature; hashable; part of the cache key).
+    memory: what loops remember under grad (`passes.remat_loops`, docs/remat.md): None
+        (everything, as JAX does), "auto" (remat a scan body where that at least halves its
+        stored bytes and the recomputation is cheap), "min" (two-level √L checkpointing) or a
+        byte budget for the gradient's loop residuals. Default: "auto" with the default
+        pipeline, None when `passes` is given or exact=True (remat is not bit-exact).
 
+    Traces with `jax.jit`'s rules, so tracing errors name `fn` and the argument path.
+    Caches per argument types, static arguments and JAX configuration (the state
+    `jax.jit` keys on: x64, rank promotion, default matmul precision, ...).
     Does not compile by itself: wrap in `jax.jit` for speed.
     """
     if fn is None:
@@ -177,59 +250,43 @@ def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exac
                                  static_argnums=static_argnums, static_argnames=static_argnames, memory=memory)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
-    if passes is None:
-        pipeline = _passes.default_pipeline(exact)
-    else:
-        pipeline = [_passes.get(p) for p in passes]
-        if exact:
-            pipeline = [p for p in pipeline if getattr(p, "exact", False)]
+    pipeline = _pipeline(passes, exact)
     if memory == "default":
         memory = "auto" if passes is None else None
     if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
         pipeline.append(remat_with_memory(memory))   # (not exact: XLA fuses recomputed ops anew)
-    static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
     name = _fn_name(fn)
     cache: dict = {}
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        static_pos = {i % len(args) for i in static_argnums if -len(args) <= i < len(args)}
+        n = len(args)
+        static_pos = {i % n if i < 0 else i for i in static_argnums if n and i < n}   # as jax.jit
         statics = tuple((i, args[i]) for i in sorted(static_pos)) + \
-            tuple(sorted((k, v) for k, v in kwargs.items() if k in static_argnames))
-        dyn_args = [a for i, a in enumerate(args) if i not in static_pos]
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_argnames}
-        leaves_paths, in_tree = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
+            tuple(sorted(((k, v) for k, v in kwargs.items() if k in static_argnames), key=lambda kv: kv[0]))
+        positions = [i for i in range(n) if i not in static_pos]
+        dyn = (tuple(args[i] for i in positions), {k: v for k, v in kwargs.items() if k not in static_argnames})
+        leaves_paths, in_tree = jax.tree_util.tree_flatten_with_path(dyn)
         leaves = [l for _, l in leaves_paths]
-        _check_leaves(fn, leaves, [p for p, _ in leaves_paths])
+        _check_leaves(fn, leaves, [p for p, _ in leaves_paths], positions)
         try:
-            key = (in_tree, tuple(map(_aval_key, leaves)), statics)
+            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context())
             hash(key)
         except TypeError as e:
             raise TypeError(f"jaxform: a static argument of {name} is not hashable: {e}") from None
         entry = cache.get(key)
         if entry is None:
-            entry = _build(leaves, in_tree, statics)
+            entry = _build(args, kwargs, len(leaves))
             if entry[2]:
                 cache[key] = entry
         closed, out_tree, _ = entry
-        return jax.tree_util.tree_unflatten(out_tree, _jax.eval_jaxpr(closed, *leaves))
+        outs = _outputs(closed, _jax.eval_jaxpr(closed, *leaves))
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    def _build(leaves, in_tree, statics):
-        out_tree = None
-
-        def flat_fn(*flat):
-            nonlocal out_tree
-            dyn_args, kw = jax.tree_util.tree_unflatten(in_tree, flat)
-            it, args = iter(dyn_args), []
-            pos = dict((i, v) for i, v in statics if isinstance(i, int))
-            for i in range(len(dyn_args) + len(pos)):
-                args.append(pos[i] if i in pos else next(it))
-            kw = {**kw, **{k: v for k, v in statics if isinstance(k, str)}}
-            out, out_tree = jax.tree_util.tree_flatten(fn(*args, **kw))
-            return out
-
-        closed = jax.make_jaxpr(flat_fn)(*leaves)
+    def _build(args, kwargs, n_leaves):
+        closed, out_tree = _jax.jit_trace(fn, static_argnums, static_argnames, args, kwargs)
+        assert len(closed.jaxpr.invars) == n_leaves, "jaxform: argument flattening differs from jax.jit's"
         # Constants that are tracers of an enclosing transformation belong to this call only.
         cacheable = not any(isinstance(c, _jax.Tracer) for c in closed.consts)
         return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable
@@ -237,3 +294,100 @@ def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exac
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)
     return wrapper
+
+
+# ---- filter_optimize ------------------------------------------------------------
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+class _Static:
+    """A static leaf in a cache key: equal by `==` when hashable, else by identity (as equinox.filter_jit)."""
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value):
+        self.value = value
+        try:
+            self._hash = hash((type(value), value))
+        except TypeError:
+            self._hash = None
+
+    def __hash__(self):
+        return id(self.value) if self._hash is None else self._hash
+
+    def __eq__(self, other):
+        if not isinstance(other, _Static) or type(self.value) is not type(other.value):
+            return False
+        if self._hash is None or other._hash is None:
+            return self.value is other.value
+        try:
+            return bool(self.value == other.value)
+        except Exception:
+            return self.value is other.value
+
+
+@jax.tree_util.register_static
+class _Hole:
+    """Stands in the traced arguments for a static leaf: a pytree node without leaves."""
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+    def __hash__(self):
+        return hash(self.i)
+
+    def __eq__(self, other):
+        return isinstance(other, _Hole) and other.i == self.i
+
+
+def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
+                    strict: bool = False, memory="default") -> Callable:
+    """`optimize` with every non-array leaf of the arguments static, like `equinox.filter_jit`.
+
+    Array leaves (jax/NumPy arrays and scalars) are traced; all other leaves
+    (Python ints and floats, strings, functions, ...) are static, compared by
+    `==` if hashable and by identity otherwise. Each distinct set of static
+    leaves is its own cache entry, so an `int` field of a model (a hidden size)
+    can drive Python control flow. Tracing errors name `fn` and the argument path.
+    `memory` as in `optimize`.
+    """
+    if fn is None:
+        return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict, memory=memory)
+    if not callable(fn):
+        raise TypeError(f"jaxform.filter_optimize expects a function, got {type(fn).__name__}")
+    pipeline = tuple(_pipeline(passes, exact))
+    if memory == "default":
+        memory = "auto" if passes is None else None
+    inner_cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        statics = tuple(None if _is_array(l) else _Static(l) for l in leaves)
+        key = (tree, statics)
+        inner = inner_cache.get(key)
+        if inner is None:
+            inner = inner_cache[key] = optimize(_with_statics(fn, leaves), list(pipeline), strict=strict,
+                                                memory=None if exact else memory)
+        holed = [l if _is_array(l) else _Hole(i) for i, l in enumerate(leaves)]
+        a, k = jax.tree_util.tree_unflatten(tree, holed)
+        return inner(*a, **k)
+
+    wrapper.cache_size = lambda: sum(f.cache_size() for f in inner_cache.values())
+    wrapper.passes = pipeline
+    return wrapper
+
+
+def _with_statics(fn, leaves):
+    """`fn` taking the arguments with static leaves replaced by holes, and filling them back in."""
+    statics = {i: l for i, l in enumerate(leaves) if not _is_array(l)}
+
+    @functools.wraps(fn)
+    def filled(*args, **kwargs):
+        fill = lambda x: statics[x.i] if isinstance(x, _Hole) else x
+        a, k = jax.tree_util.tree_map(fill, (args, kwargs), is_leaf=lambda x: isinstance(x, _Hole))
+        return fn(*a, **k)
+
+    return filled

@@ -134,3 +134,48 @@ def test_dce_prunes_unused_scan_outputs_and_inputs():
     out = assert_pass_ok("dce", prog, jnp.arange(4.0), jnp.ones(2))
     scan = [e for e in out.eqns if e.primitive.name == "scan"][0]
     assert len(scan.outvars) == 2 and "cos" not in str(scan)
+
+
+# ---- issue 15, finding 11: what exact=True promises ----
+
+def _f16_program(x, y):
+    u, v = x.astype(jnp.float32), x.astype(jnp.float32)          # duplicate converts (cse merges them)
+    a = (x * y + x) * x - y
+    b = jnp.exp(x * y) * (x * y + x)
+    return a + b, (u * 3).astype(jnp.float16) + (v * 3).astype(jnp.float16), jnp.tanh(a) * (x * y + x)
+
+
+def test_exact_is_bit_identical_op_by_op_float16():
+    """exact=True: the optimized jaxpr, evaluated op by op, is bit-identical (float16 included).
+
+    Under jax.jit XLA fuses the two programs independently and may keep float16
+    intermediates in float32 inside a fusion, so jitted results are only promised
+    equal to float16 rounding (see `optimize`'s docstring); that is checked below.
+    """
+    rng = np.random.default_rng(0)
+    g = jaxform.optimize(_f16_program, exact=True)
+    assert all(p.exact for p in g.passes)
+    for _ in range(5):
+        x, y = (jnp.asarray(rng.normal(size=(64,)), jnp.float16) for _ in range(2))
+        for w, o in zip(_f16_program(x, y), g(x, y)):
+            assert np.asarray(w).tobytes() == np.asarray(o).tobytes()
+        for w, o in zip(jax.jit(_f16_program)(x, y), jax.jit(g)(x, y)):
+            assert o.dtype == w.dtype == jnp.float16
+            np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(w, np.float32), rtol=2e-3, atol=2e-3)
+
+
+# ---- issue 15, finding 20 (part): weak types of gradients through hoisted loops ----
+
+@pytest.mark.parametrize("name", ["fori", "scan_xs", "scan_carry"])
+def test_hoisted_loop_gradient_keeps_weak_type(name):
+    from jax import lax
+    fn = {"fori": lambda w: lax.fori_loop(0, 3, lambda i, c: c + jnp.sin(w) * 2.0, 0.0),
+          "scan_xs": lambda w: lax.scan(lambda c, x: (c + jnp.sin(w) * x, None), 0.0, jnp.arange(3.0))[0],
+          "scan_carry": lambda w: lax.scan(lambda c, _: (c + jnp.exp(w) * w, c), w, length=3)[1].sum()}[name]
+    g = jaxform.optimize(fn, passes=["hoist_loop_invariants"])
+    for a in [2.0, jnp.float32(2.0)]:
+        want = jax.grad(fn)(a)
+        for got in [jax.grad(g)(a), jax.jit(jax.grad(g))(a),
+                    jaxform.optimize(jax.grad(fn), passes=["hoist_loop_invariants"])(a)]:
+            assert jax.typeof(got) == jax.typeof(want)
+            np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -133,6 +133,21 @@ class Builder:
         self._names[x.value.id] = name
         return x
 
+    def _axes(self, v: Value, axes, what: str, ndim: int | None = None) -> tuple[int, ...]:
+        """Axes normalized to [0, ndim) as numpy does; out of range or repeated is a BuildError (never wrapped)."""
+        ndim = v.aval.ndim if ndim is None else ndim
+        axes = list(axes) if isinstance(axes, (tuple, list, range)) else [axes]
+        out = []
+        for a in axes:
+            if not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
+                raise BuildError(f"jaxform.Builder.{what}: axis {a!r} is out of range for {self.describe(v)} "
+                                 f"(rank {ndim}: axes are -{ndim}..{ndim - 1})" if ndim else
+                                 f"jaxform.Builder.{what}: axis {a!r} given for the scalar {self.describe(v)}")
+            out.append(int(a) % ndim)
+        if len(set(out)) != len(out):
+            raise BuildError(f"jaxform.Builder.{what}: repeated axis in {tuple(axes)} for {self.describe(v)}")
+        return tuple(out)
+
     def describe(self, v: Value) -> str:
         """'x: f32[3,4]' or 'result of mul: f32[3]' for error messages."""
         what = self._names.get(v.id) or (f"result of {v.producer.prim.name}" if v.producer else
@@ -316,8 +331,7 @@ class Builder:
 
     def expand_dims(self, x: Operand, axes: Sequence[int]) -> Var:
         v = self._value(x)
-        n = v.aval.ndim + len(axes)
-        axes = sorted(a % n for a in axes)
+        axes = sorted(self._axes(v, axes, "expand_dims", v.aval.ndim + len(axes)))
         shape = list(v.aval.shape)
         for a in axes:
             shape.insert(a, 1)
@@ -325,11 +339,14 @@ class Builder:
 
     def squeeze(self, x: Operand, axes: Sequence[int]) -> Var:
         v = self._value(x)
-        return self.bind("squeeze", v, dimensions=tuple(a % v.aval.ndim for a in axes))
+        dims = self._axes(v, axes, "squeeze")
+        if any(v.aval.shape[d] != 1 for d in dims):
+            raise BuildError(f"jaxform.Builder.squeeze: axes {tuple(axes)} of {self.describe(v)} are not all size 1")
+        return self.bind("squeeze", v, dimensions=dims)
 
     def concatenate(self, xs: Sequence[Operand], axis: int) -> Var:
         vals = [self._value(x) for x in xs]
-        return self.bind("concatenate", *vals, dimension=axis % vals[0].aval.ndim)
+        return self.bind("concatenate", *vals, dimension=self._axes(vals[0], axis, "concatenate")[0])
 
     def slice(self, x: Operand, start: Shape, limit: Shape, strides: Shape | None = None) -> Var:
         return self.bind("slice", x, start_indices=tuple(start), limit_indices=tuple(limit),
@@ -395,8 +412,8 @@ class Builder:
     # reductions and contractions ---------------------------------------------------
     def _reduce(self, name: str, x: Operand, axes) -> Var:
         v = self._value(x)
-        axes = range(v.aval.ndim) if axes is None else [axes] if isinstance(axes, int) else axes
-        return self.bind(name, v, axes=tuple(sorted(a % max(v.aval.ndim, 1) for a in axes)))
+        axes = range(v.aval.ndim) if axes is None else axes
+        return self.bind(name, v, axes=tuple(sorted(self._axes(v, axes, name))))
 
     def reduce_sum(self, x: Operand, axes: int | Sequence[int] | None = None) -> Var:
         return self._reduce("reduce_sum", x, axes)
@@ -418,11 +435,11 @@ class Builder:
 
     def argmax(self, x: Operand, axis: int, index_dtype=np.int32) -> Var:
         v = self._value(x)
-        return self.bind("argmax", v, axes=(axis % v.aval.ndim,), index_dtype=_dtype(index_dtype))
+        return self.bind("argmax", v, axes=self._axes(v, axis, "argmax"), index_dtype=_dtype(index_dtype))
 
     def argmin(self, x: Operand, axis: int, index_dtype=np.int32) -> Var:
         v = self._value(x)
-        return self.bind("argmin", v, axes=(axis % v.aval.ndim,), index_dtype=_dtype(index_dtype))
+        return self.bind("argmin", v, axes=self._axes(v, axis, "argmin"), index_dtype=_dtype(index_dtype))
 
     def dot_general(self, x: Operand, y: Operand, contract: tuple[Sequence[int], Sequence[int]],
                     batch: tuple[Sequence[int], Sequence[int]] = ((), ()), preferred_element_type=None) -> Var:

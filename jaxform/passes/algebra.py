@@ -1,12 +1,12 @@
 """Algebraic simplifications, written as Rules (a first rule set and a model for your own).
 
 Exact rules (bit-for-bit equal, also in `algebra_exact`):
-    x*1, x/1, x-0, --x, x**1 -> x;  x + -y -> x - y;  x - -y -> x + y;
+    x*1, x/1, x-(+0), --x, x**1 -> x;     (not x-(-0.0): -0.0 - -0.0 is +0.0)  x + -y -> x - y;  x - -y -> x + y;
     transpose(transpose(x)) -> one transpose (or x);  reshape(reshape(x)) -> one reshape (or x);
     convert_element_type(x) to x's own dtype -> x.
 Not exact (so `algebra` is exact=False):
     x+0 -> x                 (-0.0 + 0.0 is +0.0)
-    log(exp(x)) -> x         (no overflow to inf for large x)
+    log(exp(x)) -> x         (no overflow to inf for large x; real floats only: complex log wraps the imaginary part)
     log(1+x) -> log1p(x)     (more accurate for small x)
     exp(x)/sum(exp(x)) -> exp(x-max)/sum(exp(x-max))   (stable softmax: no inf/inf = nan)
 Identity rules fire only when x has exactly the result's type (no broadcasting or weak-type change).
@@ -14,9 +14,11 @@ Identity rules fire only when x has exactly the result's type (no broadcasting o
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..rewrite import Pat, Rules
+from ..rewrite.pattern import const_value
 from . import register
 
 x, y = Pat.any("x"), Pat.any("y")
@@ -25,6 +27,12 @@ x, y = Pat.any("x"), Pat.any("y")
 def _identity(x, ctx):
     """Replace the root by x itself, when that does not change the type."""
     return x if x.aval == ctx.root.outputs[0].aval else None
+
+
+def _plus_zero(v) -> bool:
+    """A constant +0 (x - (-0.0) is x + 0.0, which turns x = -0.0 into +0.0)."""
+    c = const_value(v)
+    return c is not None and not np.signbit(np.real(c)) and not np.signbit(np.imag(c))
 
 
 def _transpose2(x, p, q):
@@ -56,7 +64,7 @@ _sum = Pat("reduce_sum", _exp, params={"axes": Pat.bind("axes")})
 RULES = Rules([
     (Pat("mul", x, Pat.const(1)), _identity, "x*1 -> x", True),
     (Pat("div", x, Pat.const(1)), _identity, "x/1 -> x", True),
-    (Pat("sub", x, Pat.const(0)), _identity, "x-0 -> x", True),
+    (Pat("sub", x, Pat.const(0, where=_plus_zero)), _identity, "x-0 -> x", True),
     (Pat({"add", "add_any"}, x, Pat.const(0)), _identity, "x+0 -> x", False),
     (Pat("neg", Pat("neg", x)), _identity, "--x -> x", True),
     (Pat("integer_pow", x, params={"y": 1}), _identity, "x**1 -> x", True),
@@ -70,7 +78,7 @@ RULES = Rules([
      _reshape2, "reshape(reshape(x))", True),
     (Pat("reshape", x, params={"dimensions": None, "sharding": None}), _identity, "reshape to own shape -> x",
      True),
-    (Pat("log", Pat("exp", x)), _identity, "log(exp(x)) -> x", False),
+    (Pat("log", Pat("exp", Pat.any("x", dtype=jnp.floating))), _identity, "log(exp(x)) -> x", False),
     (Pat("log", Pat("add", Pat.any("x", dtype=jnp.inexact), Pat.const(1))), lambda x: jnp.log1p(x),
      "log(1+x) -> log1p(x)", False),
     (Pat("div", _exp, Pat("broadcast_in_dim", _sum, params={"shape": Pat.bind("shape"),

@@ -12,7 +12,8 @@ from .pattern import Pat
 
 
 def rewrite(fn: Callable | None = None, rules: Rules | Iterable = (), *, strict: bool = True,
-            static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()) -> Callable:
+            static_argnums: int | Sequence[int] | None = None,
+            static_argnames: str | Sequence[str] | None = None) -> Callable:
     """Apply `rules` (only them) to `fn`: a drop-in wrapper like `optimize`, composable with jit/grad/vmap.
 
     The wrapper's `.stats` (a RewriteStats) counts which rule fired where, over every
@@ -23,7 +24,7 @@ def rewrite(fn: Callable | None = None, rules: Rules | Iterable = (), *, strict:
     if fn is None:
         return lambda f: rewrite(f, rules, strict=strict, static_argnums=static_argnums,
                                  static_argnames=static_argnames)
-    rules = rules if isinstance(rules, Rules) else Rules(rules)
+    rules = rules if isinstance(rules, Rules) else Rules([rules]) if isinstance(rules, Rule) else Rules(rules)
     stats = RewriteStats()
 
     def apply_rules(graph):

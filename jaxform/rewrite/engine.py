@@ -134,8 +134,18 @@ class Rules:
         self.rules: list[Rule] = []
         self.pass_name, self.max_firings = name, max_firings
         self._index: dict[str, list[Rule]] = {}
+        if isinstance(rules, (Pat, Rule)) or not isinstance(rules, Iterable):
+            raise TypeError(f"jaxform: Rules takes a list of rules, got {rules!r}: "
+                            "Rules([(Pat(...), replacement_fn), ...]) or Rules([rule_by_example(...)])")
         for r in rules:
-            self.add(*r) if isinstance(r, tuple) else self.add(r)
+            if isinstance(r, Rule):
+                self.add(r)
+            elif isinstance(r, tuple) and 2 <= len(r) <= 4 and isinstance(r[0], Pat) and callable(r[1]):
+                self.add(*r)
+            else:
+                raise TypeError(f"jaxform: a rule is a Rule (from rule_by_example) or a tuple (Pat(...), "
+                                f"replacement_fn[, name[, exact]]), got {r!r}" +
+                                (" (the class Pat itself: did you mean Pat('prim', ...)?)" if r is Pat else ""))
 
     def add(self, pat: Pat | Rule, fn: Callable | None = None, name: str = "", exact: bool = False):
         """Add a rule; without `fn`, a decorator: `@rules.add(Pat(...))`."""

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import _jax
+
 COMMUTATIVE = frozenset({"add", "add_any", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
 _MISSING = object()
 
@@ -33,11 +35,20 @@ class Bind:
 
 
 def _prim_names(prim) -> frozenset | None:
+    """Primitive names; a misspelled name is an error (a pattern that can never match is a silent no-op)."""
     if prim is None:
         return None
-    if isinstance(prim, (set, frozenset, tuple, list)):
-        return frozenset(getattr(p, "name", p) for p in prim)
-    return frozenset({getattr(prim, "name", prim)})
+    prims = prim if isinstance(prim, (set, frozenset, tuple, list)) else (prim,)
+    names = []
+    for p in prims:
+        if isinstance(p, str):
+            _jax.primitive(p)    # raises ValueError: no JAX primitive named 'sinn'. Did you mean sin?
+            names.append(p)
+        elif isinstance(getattr(p, "name", None), str):
+            names.append(p.name)
+        else:
+            raise TypeError(f"jaxform: Pat expects a primitive (a name like 'sin' or a Primitive), got {p!r}")
+    return frozenset(names)
 
 
 def _as_tuple(x) -> tuple | None:

@@ -217,3 +217,22 @@ def test_built_builder_is_closed():
         b.sin(x)
     with pytest.raises(BuildError, match="already"):
         b.build(x)
+
+
+def test_out_of_range_axes_raise():
+    """Issue 15, finding 10: axes never wrap around (reduce_sum(x, (2,)) on rank 2 reduced axis 0)."""
+    b = Builder()
+    x = b.arg((3, 4), name="x")
+    for call in [lambda: b.reduce_sum(x, (2,)), lambda: b.reduce_max(x, -3), lambda: b.argmax(x, 2),
+                 lambda: b.argmin(x, -3), lambda: b.concatenate([x, x], 2), lambda: b.squeeze(x, (5,)),
+                 lambda: b.expand_dims(x, (3,)), lambda: b.reduce_sum(x, (0, 0)), lambda: b.reduce_sum(x, 1.0)]:
+        with pytest.raises(BuildError, match=r"axis .*out of range|repeated axis|axis 1.0"):
+            call()
+    with pytest.raises(BuildError, match="not all size 1"):
+        b.squeeze(x, (0,))
+    y = [b.reduce_sum(x, -1), b.argmax(x, -2), b.expand_dims(x, (-1,)), b.concatenate([x, x], -1)]
+    f = to_function(b.build(y))
+    a = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    want = [a.sum(-1), a.argmax(-2), a[..., None], np.concatenate([a, a], -1)]
+    for w, g in zip(want, f(a)):
+        np.testing.assert_array_equal(g, w)

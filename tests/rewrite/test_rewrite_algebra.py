@@ -161,3 +161,39 @@ HEAVY = {"equinox_train_step", "mlp_train_step", "flax_train_step"}   # 10-40 s 
 def test_algebra_on_the_corpus(name, fn, args, diff):
     assert_pass_ok("algebra", fn, *args, grad=diff)
 
+
+
+# ---- issue 15, findings 8 and 9 ----
+
+def test_log_exp_not_rewritten_for_complex():
+    f = lambda z: jnp.log(jnp.exp(z))
+    z = jnp.complex64(1 + 4j)          # exp wraps the imaginary part: log(exp(z)) = 1 + (4 - 2pi)j
+    out = jaxform.optimize(f, passes=["algebra"])(z)
+    np.testing.assert_allclose(out, f(z), rtol=1e-6)
+    assert abs(out - z) > 1
+    r = jaxform.optimize(f, passes=["algebra"])(jnp.float32(3.0))   # still fires on real floats
+    assert "exp" not in str(jax.make_jaxpr(jaxform.optimize(f, passes=["algebra"]))(jnp.float32(3.0)))
+    np.testing.assert_allclose(r, 3.0)
+
+
+@pytest.mark.parametrize("passes", [["algebra_exact"], ["algebra"]])
+def test_minus_negative_zero_keeps_sign(passes):
+    f = lambda x: x - (-0.0)
+    x = jnp.float32(-0.0)
+    out = jaxform.optimize(f, passes=passes)(x)
+    assert np.signbit(f(x)) == np.signbit(out) == False  # noqa: E712  (-0.0 - -0.0 is +0.0)
+    g = lambda x: x - 0.0                                  # x - (+0) -> x still fires, and is exact
+    assert "sub" not in str(jax.make_jaxpr(jaxform.optimize(g, passes=passes))(x))
+    assert np.signbit(jaxform.optimize(g, passes=passes)(x))
+
+
+def test_exact_rules_keep_signed_zero_and_nan():
+    """Every exact algebra rule, on -0.0, +0.0 and NaN: bit-identical to the original (eagerly)."""
+    fs = [lambda x: x * 1.0, lambda x: x / 1.0, lambda x: x - 0.0, lambda x: -(-x), lambda x: x ** 1,
+          lambda x: x + -(x * 2), lambda x: x - -(x * 2), lambda x: x.astype(jnp.float32),
+          lambda x: x.reshape(1).reshape(()), lambda x: x - (-0.0)]
+    for f in fs:
+        for v in [-0.0, 0.0, np.nan, -np.inf]:
+            x = jnp.float32(v)
+            want, got = f(x), jaxform.optimize(f, passes=["algebra_exact"])(x)
+            assert np.asarray(want).tobytes() == np.asarray(got).tobytes(), (f, v)

@@ -262,3 +262,26 @@ def test_rules_are_dispatched_by_root_primitive():
     g = jaxform.trace(lambda x: jnp.log(jnp.cos(jnp.sin(jnp.tanh(x)) * 2.0)), X)
     rules.apply(g)
     assert sorted(tried) == ["log", "sin"]      # cos, tanh, mul never looked at by these rules
+
+
+# ---- issue 15, finding 18: malformed rule sets are errors, not empty rule sets ----
+
+def test_malformed_rules_raise():
+    import jaxform as jf
+    with pytest.raises(TypeError, match="the class Pat itself"):
+        jf.Rules([jf.Pat])
+    with pytest.raises(TypeError, match="a rule is a Rule"):
+        jf.Rules([3])
+    with pytest.raises(TypeError, match="a rule is a Rule"):
+        jf.rewrite(lambda x: x, [3])
+    with pytest.raises(TypeError, match="list of rules"):
+        jf.Rules(jf.Pat("sin"))
+
+
+def test_misspelled_primitive_raises_with_suggestion():
+    import jaxform as jf
+    with pytest.raises(ValueError, match="no JAX primitive named 'sinn'.*Did you mean.*sin"):
+        jf.Pat("sinn")
+    with pytest.raises(ValueError, match="'exq'"):
+        jf.Pat({"exp", "exq"})
+    jf.Pat("sin"), jf.Pat({"add", "add_any"}), jf.Pat(jax.lax.sin_p)
