@@ -260,9 +260,9 @@ def test_optimize_grad_default_pipeline():
 
 
 # XLA compiles these loops to other last bits once `exp(W).T` is hoisted (the transpose moves out since
-# 8e22aef; the dot then accumulates in another order, ~3e-6 apart); grad_checkpointed too from jaxlib 0.11 on.
+# 8e22aef; the dot then accumulates in another order, ~3e-6 apart); grad_checkpointed too with jaxlib 0.12.
 # The pass output is the same jaxpr on JAX 0.10 and 0.12 (compared as text): only XLA's code for it differs.
-XLA_REORDERS = {"fori_static", "fori_dynamic"} | ({"grad_checkpointed"} if _jax.JAX_VERSION >= (0, 11) else set())
+XLA_REORDERS = {"fori_static", "fori_dynamic"} | ({"grad_checkpointed"} if _jax.JAX_VERSION >= (0, 12) else set())
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
