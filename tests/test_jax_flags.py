@@ -1,4 +1,4 @@
-"""JAX 0.12's opt-in flags `jax_scan3`, `jax_remat3`, `jax_custom_vjp3`: programs traced with one on.
+"""JAX's opt-in flags `jax_scan3`, `jax_remat3`, `jax_custom_vjp3`: programs traced with one on.
 
 The flags swap scan, checkpoint and custom_vjp for new primitives (`Scan3` with the carry held in
 Refs, `RematTraced`, `CustomVJPTraced`). jaxform does not know their regions, so they stay opaque:
@@ -12,12 +12,13 @@ import pytest
 from jax import lax
 
 import jaxform
+from jaxform import _jax
 from jaxform.ir import Graph
 from jaxform.testing import assert_same
 
 FLAGS = ("jax_scan3", "jax_remat3", "jax_custom_vjp3")
 pytestmark = pytest.mark.skipif(not all(hasattr(jax.config, f) for f in FLAGS),
-                                reason="the opt-in flags exist from JAX 0.12 on")
+                                reason="this JAX lacks the opt-in flags")
 
 W = jnp.linspace(-0.5, 0.5, 16).reshape(4, 4)
 X = jnp.linspace(0.1, 1.0, 4)
@@ -74,7 +75,9 @@ class _flag:
 def test_round_trip_keeps_the_new_primitive(name, fn, prim, grad):
     with _flag(name):
         closed = jax.make_jaxpr(fn)(W, X, XS)
-        assert prim in str(closed), f"{name} did not change the jaxpr"   # a `call_hi_primitive` equation
+        if prim not in str(closed):   # a `call_hi_primitive` equation; on 0.12 every flag makes one
+            assert _jax.JAX_VERSION < (0, 12), f"{name} did not change the jaxpr"
+            pytest.skip(f"{name} does not change this program on JAX {jax.__version__}")
         out = Graph.from_jaxpr(closed).to_jaxpr()
         jax.extend.core.check_jaxpr(out.jaxpr)
         assert str(out) == str(closed)
