@@ -1,7 +1,14 @@
 """fuse_scan_reductions: original vs optimize()d vs hand-fused, forward and grad, in one run.
 
 (a) the seed's RNN + MSE loss (length 1000, batch 256, hidden 128),
-(b) the seed's 3-D sin/cos example (carry [10, 5, 8], ys [length, 256, 128]).
+(b) the seed's 3-D sin/cos example (carry [10, 5, 8], ys [length, 256, 128]),
+(c) an RNN language model: output projection to the vocabulary + log-softmax
+    cross-entropy (issue 17's target: >= 100x less forward temp memory, within 5%
+    of the hand-fused time).
+`--defer`: eager vs deferred accumulators (issue 19) on (a) and (c).
+`--slices`: ys[k:] fused with a step predicate (hand-written) vs left outside.
+`--dce`: cost of an extra dce before fusion in the default pipeline.
+`--corpus`: the per-program table of tests/passes/test_fusion_real.py.
 For each: XLA temp memory (`memory_analysis().temp_size_in_bytes`) and
 min-of-N wall time after warmup, of `jax.jit(f)` for the original,
 `jax.jit(jaxform.optimize(f))` and a hand-written fused scan, forward and
@@ -75,6 +82,36 @@ def sincos_args():
     return [jnp.asarray(r.randn(*s).astype(np.float32)) for s in [(10, 5, 8), (L, B, H), (L, B, H)]]
 
 
+# ---- (c) RNN language model: projection + log-softmax cross-entropy -----------------------
+LM_L, LM_B, VOCAB = (100, 32, 256) if QUICK else (200, 64, 1024)
+
+
+def lm(W, U, Vp, h0, xs, labels):
+    logits = rnn(W, U, h0, xs) @ Vp                                   # [length, batch, vocab]
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], -1))
+
+
+def lm_hand(W, U, Vp, h0, xs, labels):
+    def step(c, xl):
+        h, acc = c
+        x, lab = xl
+        h = jnp.tanh(h @ W + x @ U)
+        logp = jax.nn.log_softmax(h @ Vp)
+        return (h, acc + jnp.sum(jnp.take_along_axis(logp, lab[..., None], -1))), None
+    (_, acc), _ = lax.scan(step, (h0, jnp.float32(0)), (xs, labels))
+    return -acc / labels.size
+
+
+def lm_args(length):
+    r = np.random.RandomState(2)
+    W, U, h0, xs, _ = rnn_args(length)
+    h0, xs = h0[:LM_B], xs[:, :LM_B]
+    Vp = jnp.asarray(r.randn(H, VOCAB).astype(np.float32) / np.sqrt(H))
+    labels = jnp.asarray(r.randint(0, VOCAB, (length, LM_B)).astype(np.int32))
+    return [W, U, Vp, h0, xs, labels]
+
+
 # ---- measuring -------------------------------------------------------------------------
 def temp(f, args) -> int:
     return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
@@ -100,9 +137,10 @@ def runtimes(fs: dict, args) -> dict:
     return best
 
 
-def compare(title, orig, hand, args, argnums):
+def compare(title, orig, hand, args, argnums, extra=None):
     opt = jaxform.optimize(orig)
     versions = {"original": orig, "optimized": opt, "hand-fused": hand}
+    versions.update(extra or {})
     ref = None
     for mode in ("forward", "grad"):
         fs = {k: (f if mode == "forward" else jax.grad(f, argnums)) for k, f in versions.items()}
@@ -121,8 +159,8 @@ def compare(title, orig, hand, args, argnums):
         print(f"  {'':14s} {'temp MiB':>10s} {'time ms':>9s}")
         for k in fs:
             print(f"  {k:14s} {mem[k] / MiB:10.2f} {tim[k] * 1e3:9.2f}")
-        o, p, h = (tim[k] for k in versions)
-        mo, mp, mh = (mem[k] for k in versions)
+        o, p, h = (tim[k] for k in ("original", "optimized", "hand-fused"))
+        mo, mp, mh = (mem[k] for k in ("original", "optimized", "hand-fused"))
         print(f"  speedup original/optimized {o / p:.2f}x   hand-fused/optimized time {h / p:.3f}   "
               f"(original/hand {o / h:.2f}x)")
         print(f"  memory  original/optimized {mo / max(mp, 1):.1f}x   optimized/hand-fused "
@@ -141,10 +179,109 @@ def scaling():
         print(f"  {n:7d} " + " ".join(f"{m / MiB:{w}.2f}" for m, w in zip(row, (10, 9, 9, 10, 9, 10))))
 
 
+def with_defer(f, defer: bool):
+    """optimize(f) with fuse_scan_reductions' accumulators forced eager or deferred."""
+    from jaxform.passes import DEFAULT, fuse_scan_reductions
+
+    def fuse(g):
+        return fuse_scan_reductions(g, defer=defer)
+    fuse.pass_name, fuse.exact = "fuse_scan_reductions", False
+    return jaxform.optimize(f, passes=[fuse if p == "fuse_scan_reductions" else p for p in DEFAULT])
+
+
+def defer_table():
+    print(f"\ndeferred vs eager accumulators (issue 19), forward, min of {REPS}")
+    for title, f, args in ((f"(a) RNN + MSE L={L} B={B} H={H}", mse, rnn_args(L)),
+                           (f"(c) RNN LM L={LM_L} B={LM_B} V={VOCAB}", lm, lm_args(LM_L))):
+        fs = {"original": f, "eager": with_defer(f, False), "deferred": with_defer(f, True)}
+        tim = runtimes(fs, args)
+        mem = {k: temp(g, args) for k, g in fs.items()}
+        print(f"  {title}: " + "  ".join(f"{k} {tim[k] * 1e3:.2f} ms / {mem[k] / MiB:.2f} MiB" for k in fs)
+              + f"   eager/deferred time {tim['eager'] / tim['deferred']:.3f}")
+
+
+def slices_table():
+    """ys[k:] reduced: leave outside (what the pass does) vs a hand-written step predicate in the body."""
+    k = L // 10
+    args = rnn_args(L)
+
+    def outside(W, U, h0, xs, t):
+        return jnp.mean((rnn(W, U, h0, xs)[k:] - t[k:]) ** 2)
+
+    def predicate(W, U, h0, xs, t):
+        def step(c, xti):
+            h, acc = c
+            x, tt, i = xti
+            h = jnp.tanh(h @ W + x @ U)
+            return (h, acc + jnp.where(i >= k, jnp.sum((h - tt) ** 2), 0.0)), None
+        (_, acc), _ = lax.scan(step, (h0, jnp.float32(0)), (xs, t, jnp.arange(L)))
+        return acc / t[k:].size
+    fs = {"outside": outside, "optimized": jaxform.optimize(outside), "predicate": predicate}
+    tim = runtimes(fs, args)
+    mem = {n: temp(g, args) for n, g in fs.items()}
+    print(f"\nys[{k}:] reduced (L={L}): " + "  ".join(f"{n} {tim[n] * 1e3:.2f} ms / {mem[n] / MiB:.2f} MiB"
+                                                   for n in fs))
+
+
+def dce_cost():
+    """Time of the default pipeline with and without an extra dce before fusion, on the corpus programs."""
+    sys.path.insert(0, "tests/passes")
+    from test_fusion_real import PROGRAMS
+    from jaxform.optimize import run_passes
+    from jaxform.passes import DEFAULT
+    i = DEFAULT.index("fuse_scan_reductions")
+    pipes = {"default": list(DEFAULT), "dce before too": DEFAULT[:i] + ["dce"] + DEFAULT[i:]}
+    tot = dict.fromkeys(pipes, 0.0)
+    for name, make in PROGRAMS.items():
+        f, args = make()
+        closed = jax.make_jaxpr(f)(*args)
+        for k, pipe in pipes.items():
+            best = min(_timed(lambda: run_passes(closed, pipe)) for _ in range(3))
+            tot[k] += best
+    print("\npipeline time over the corpus (10 programs): " + "  ".join(f"{k} {v * 1e3:.0f} ms" for k, v in tot.items()))
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def corpus_table():
+    sys.path.insert(0, "tests/passes")
+    from test_fusion_real import PROGRAMS, fuses
+    print("\n| program | fused | fwd temp before -> after | grad temp before -> after | fwd time | grad time |")
+    print("|---|---|---|---|---|---|")
+    for name, make in PROGRAMS.items():
+        f, args = make()
+        opt = jaxform.optimize(f)
+        g0, g1 = jax.grad(f), jax.grad(opt)
+        m = [temp(h, args) for h in (f, opt, g0, g1)]
+        t = runtimes({"f": f, "o": opt, "g0": g0, "g1": g1}, args)
+        kib = lambda b: f"{b / 1024:.1f}"  # noqa: E731
+        print(f"| {name} | {'yes' if fuses(name)[0] else 'no'} | {kib(m[0])} -> {kib(m[1])} KiB | "
+              f"{kib(m[2])} -> {kib(m[3])} KiB | {t['f'] * 1e6:.0f} -> {t['o'] * 1e6:.0f} us | "
+              f"{t['g0'] * 1e6:.0f} -> {t['g1'] * 1e6:.0f} us |")
+
+
 if __name__ == "__main__":
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; min of {REPS} runs")
     t0 = time.perf_counter()
-    compare(f"(a) RNN + MSE, length {L}, batch {B}, hidden {H}", mse, mse_hand, rnn_args(L), (0, 1))
-    compare(f"(b) 3-D sin/cos, length {L}, ys [{B}, {H}]", sincos, sincos_hand, sincos_args(), (0, 1))
-    scaling()
+    modes = {a for a in sys.argv[1:] if a != "--quick"}
+    if not modes or "--main" in modes:
+        compare(f"(a) RNN + MSE, length {L}, batch {B}, hidden {H}", mse, mse_hand, rnn_args(L), (0, 1))
+        compare(f"(b) 3-D sin/cos, length {L}, ys [{B}, {H}]", sincos, sincos_hand, sincos_args(), (0, 1))
+    if not modes or "--lm" in modes:
+        compare(f"(c) RNN LM, length {LM_L}, batch {LM_B}, hidden {H}, vocab {VOCAB}", lm, lm_hand, lm_args(LM_L),
+                (0, 1, 2))
+    if "--defer" in modes:
+        defer_table()
+    if "--slices" in modes:
+        slices_table()
+    if "--dce" in modes:
+        dce_cost()
+    if "--corpus" in modes:
+        corpus_table()
+    if not modes:
+        scaling()
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")

@@ -301,3 +301,10 @@ def primitive_harnesses() -> list | None:
     except ImportError:  # the module imports absl.testing
         return None
     return test_harnesses.all_harnesses
+
+
+def with_weak_type(x, weak: bool):
+    """`x` with its weak type set as given (same dtype and value); JAX exposes no public way to
+    make a value weakly typed, which `jaxform.scan` needs to give results the types lax.scan gives."""
+    from jax._src.lax import lax as _lax
+    return _lax._convert_element_type(x, x.dtype, weak_type=weak)

@@ -237,6 +237,7 @@ def demo_tour() -> bool:
     from .inspect.program import min_time
     r = np.random.RandomState(1)
     results = []
+    rnd = lambda *s, k=1.0: jnp.asarray(r.randn(*s).astype(np.float32) * k)  # noqa: E731
 
     def line(what: str, detail: str, ok: bool) -> None:
         results.append(ok)
@@ -301,6 +302,28 @@ def demo_tour() -> bool:
     want = jax.grad(lambda w: (jnp.tanh(A @ w) + 1.0).sum())(w_)
     line("Builder", "sum(tanh(a @ w) + 1) built node by node; jax.grad through it",
          bool(jnp.allclose(jax.grad(lambda w: built(A, w))(w_), want, atol=1e-5)))
+    # training memory: the largest batch whose gradient fits a fixed budget (seed 001's figure of merit)
+    budget, L, H = 64 * 2 ** 20, 500, 64
+
+    def grad_temp(f, batch):
+        shapes = [(H, H), (H, H)], (batch, H), (L, batch, H), (L, batch, H)
+        sds = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes,
+                                     is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(i, int) for i in s))
+        return jax.jit(jax.grad(f)).lower(*sds).compile().memory_analysis().temp_size_in_bytes
+
+    def largest(f):   # powers of two
+        b = 1
+        while b <= 1 << 14 and grad_temp(f, 2 * b) <= budget:
+            b *= 2
+        return b if grad_temp(f, b) <= budget else 0
+    sizes = {m: largest(optimize(mse_loss, memory=m) if m else mse_loss) for m in (None, "auto", "min")}
+    small = ((rnd(H, H, k=H ** -0.5), rnd(H, H, k=H ** -0.5)), rnd(4, H), rnd(L, 4, H), rnd(L, 4, H))
+    g0 = jax.tree_util.tree_leaves(jax.jit(jax.grad(mse_loss))(*small))
+    g1 = jax.tree_util.tree_leaves(jax.jit(jax.grad(optimize(mse_loss, memory="min")))(*small))
+    line('optimize(memory="min")', f"largest batch whose gradient fits {budget >> 20} MiB (L={L}, H={H}): "
+         f"{sizes[None]} plain, {sizes['auto']} 'auto', {sizes['min']} 'min' "
+         f"({sizes['min'] // max(sizes[None], 1)}x)",
+         all(bool(jnp.allclose(a, b, rtol=1e-4, atol=1e-6)) for a, b in zip(g0, g1)) and sizes["min"] > sizes[None])
     return all(results)
 
 

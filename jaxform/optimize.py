@@ -22,6 +22,7 @@ from . import _jax
 from .ir import Graph
 from .ir.graph import gc_paused
 from . import passes as _passes
+from .passes.remat_loops import with_memory as remat_with_memory
 
 
 class PassError(RuntimeError):
@@ -156,19 +157,24 @@ def _aval_key(x):
 
 def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] = (),
-             static_argnames: str | Sequence[str] = ()) -> Callable:
+             static_argnames: str | Sequence[str] = (), memory="default") -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
     passes: pass names or callables (default: the `passes.DEFAULT` pipeline).
     exact: keep only passes that give bit-for-bit equal results.
     strict: raise instead of skipping a pass that fails.
     static_argnums / static_argnames: as in `jax.jit` (hashable, part of the cache key).
+    memory: what loops remember under grad (`passes.remat_loops`): None (everything, as JAX
+      does), "auto" (remat a scan body where that at least halves its stored bytes and the
+      recomputation is cheap), "min" (two-level √L checkpointing) or a byte budget for the
+      gradient's loop residuals. Default: "auto" with the default pipeline, None when `passes`
+      is given or exact=True (remat is not bit-exact).
 
     Does not compile by itself: wrap in `jax.jit` for speed.
     """
     if fn is None:
         return functools.partial(optimize, passes=passes, exact=exact, strict=strict,
-                                 static_argnums=static_argnums, static_argnames=static_argnames)
+                                 static_argnums=static_argnums, static_argnames=static_argnames, memory=memory)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
     if passes is None:
@@ -177,6 +183,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | None = None, *, exac
         pipeline = [_passes.get(p) for p in passes]
         if exact:
             pipeline = [p for p in pipeline if getattr(p, "exact", False)]
+    if memory == "default":
+        memory = "auto" if passes is None else None
+    if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
+        pipeline.append(remat_with_memory(memory))   # (not exact: XLA fuses recomputed ops anew)
     static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     name = _fn_name(fn)

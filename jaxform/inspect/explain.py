@@ -42,6 +42,7 @@ class Report:
     temp_bytes: tuple | None = None
     time_s: tuple | None = None
     reps: int = 0
+    unfused: list = field(default_factory=list)   # why a scan's stacked outputs stayed (fuse_scan_reductions)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +62,9 @@ class Report:
                 lines.append(f"      ... and {len(c.where) - 5} more places")
             for rule, k in (c.rules or {}).items():
                 lines.append(f"      rule {rule}: {k}x")
+        for u in self.unfused:
+            lines.append(f"  scan {u['scan'] or '(no source line)'}: stacked outputs not fused: "
+                         f"{u['consumer']} at {u['where'] or '(no source line)'} blocks it: {u['why']}")
         lines.append(f"  total: equations {self.eqns[0]} -> {self.eqns[1]}")
         if self.temp_bytes:
             lines[-1] += f", XLA temp memory {fmt_bytes(self.temp_bytes[0])} -> {fmt_bytes(self.temp_bytes[1])}"
@@ -132,6 +136,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
             dict(rules.fired.most_common()) if rules is not None else None,
             len(m.new_nodes), len(m.removed_nodes), diff(*paired_text(gb, ga, m))))
     report.eqns = (len(Graph.from_jaxpr(closed)), len(Graph.from_jaxpr(after)))
+    if "fuse_scan_reductions" in report.passes:
+        report.unfused = unfused_scans(Graph.from_jaxpr(after))
     if memory:
         report.temp_bytes = (mem(closed), mem(after))
     if measure:
@@ -141,3 +147,18 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         with step(f"measuring time (jit, min of {reps})"):
             report.time_s = tuple(program.min_time(fns, values, reps))
     return report
+
+
+def unfused_scans(graph: Graph) -> list[dict]:
+    """For each scan whose stacked outputs did not fuse: the consumer that blocked it, why, and where."""
+    from ..passes.scan_reductions import blockers
+    out, seen = [], set()
+    for scan, consumer, why in blockers(graph):
+        where = program.short_location(consumer.location()) if consumer is not None and consumer.location() else ""
+        key = (id(scan), where, why)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"scan": program.short_location(scan.location()) if scan.location() else "",
+                    "consumer": consumer.name if consumer is not None else "output", "where": where, "why": why})
+    return out

@@ -17,6 +17,7 @@ import itertools
 from typing import Any, Iterator, Sequence
 
 from .. import _jax
+from .identity import is_impure, structure
 from .regions import Region, regions_of
 
 _ids = itertools.count()
@@ -216,12 +217,17 @@ class Graph:
                      literal=np.array(value, dtype)[()])
 
     def add(self, prim, inputs: Sequence[Value], params: dict | None = None, *,
-            regions: dict | None = None, out_avals=None, source_info=None) -> Node:
-        """Append a new node; output avals come from abstract evaluation unless given."""
+            regions: dict | None = None, out_avals=None, source_info=None, ctx=None) -> Node:
+        """Append a new node; output avals come from abstract evaluation unless given.
+
+        A pass that rebuilds or moves a node passes its `source_info` and `ctx`
+        (the equation context: threefry mode, compute type, mesh, XLA metadata)
+        so the new node computes what the old one did and reports the same line.
+        """
         if isinstance(prim, str):
             prim = _jax.primitive(prim)
         params = _jax.complete_params(prim, dict(params or {}))
-        node = Node(prim, inputs, [], params, regions=regions, source_info=source_info)
+        node = Node(prim, inputs, [], params, regions=regions, source_info=source_info, ctx=ctx)
         try:
             avals, effs = _jax.abstract_eval(prim, [v.aval for v in inputs], node.full_params())
         except Exception:
@@ -301,7 +307,7 @@ class Graph:
     def to_jaxpr(self) -> "_jax.ClosedJaxpr":
         """Back to a ClosedJaxpr; unused node outputs become dropped vars (`_`)."""
         if _EMITTED.get() is None:   # the outermost call: bodies are shared within it
-            token = _EMITTED.set({})
+            token = _EMITTED.set({})   # {"bodies": ..., "structure": ..., "impure": ...}
             try:
                 return self._to_jaxpr()
             finally:
@@ -332,23 +338,46 @@ class Graph:
             eqns.append(_jax.new_jaxpr_eqn([atom(v) for v in n.inputs], outvars, n.prim, n.full_params(),
                                            effects, n.source_info, n.ctx))
 
-        def emit(node: Node):  # producers first (node order may be stale after edits)
+        # Effectful (impure) nodes form a chain in node order: each also depends on the previous
+        # one, so emitting a node's producers first never hoists a ref read, callback or RNG draw
+        # above an effect that preceded it. A pass that made an earlier effect depend on a later
+        # one has moved code across an effect: that is an error, never a silent reorder.
+        nodes, memo = self.nodes, _memo("impure")
+        after: dict[int, Node] = {}
+        prev = None
+        for n in nodes:
+            if is_impure(n, memo):
+                if prev is not None:
+                    after[id(n)] = prev
+                prev = n
+
+        def deps(n: Node):
+            ds = [v.producer for v in n.inputs if v.producer is not None]
+            if id(n) in after:
+                ds.append(after[id(n)])
+            return ds
+
+        def emit(node: Node):  # dependencies first (node order may be stale after edits)
+            active: set[int] = set()
             stack = [(node, False)]
             while stack:
                 n, ready = stack.pop()
                 if id(n) in emitted:
                     continue
-                if not ready:
-                    stack.append((n, True))
-                    stack.extend((v.producer, False) for v in reversed(n.inputs)
-                                 if v.producer is not None and id(v.producer) not in emitted)
+                if ready:
+                    active.discard(id(n))
+                    emit_one(n)
                     continue
-                emit_one(n)
+                if id(n) in active:
+                    raise ValueError(_order_error(n, node))
+                active.add(id(n))
+                stack.append((n, True))
+                stack.extend((d, False) for d in reversed(deps(n)) if id(d) not in emitted)
 
-        for n in self.nodes:
+        for n in nodes:
             if id(n) in emitted:
-                continue      # already emitted as a producer of an earlier node
-            if all(v.producer is None or id(v.producer) in emitted for v in n.inputs):
+                continue      # already emitted as a dependency of an earlier node
+            if all(id(d) in emitted for d in deps(n)):
                 emit_one(n)   # the common case: already in order
             else:
                 emit(n)
@@ -381,22 +410,36 @@ def _param_to_region(r: Region, p):
     return Graph.from_jaxpr(p)
 
 
-# Bodies emitted during one top-level to_jaxpr, by text: call sites that shared a body in the
-# original jaxpr (each got its own editable sub-Graph) share one again, instead of one copy per
-# site multiplying through nested calls (3 distinct jit bodies came back as 258).
+# Per top-level to_jaxpr: bodies emitted so far by structure (`identity.structure`: callables,
+# custom rules, params and ctx by identity, never printed text), so call sites that shared a body
+# in the original jaxpr (each got its own editable sub-Graph) share one again instead of one copy
+# per site multiplying through nested calls (3 distinct jit bodies came back as 258); and memos
+# of structures and purity (graphs do not change while they are emitted).
 _EMITTED: contextvars.ContextVar = contextvars.ContextVar("jaxform_emitted_bodies", default=None)
+
+
+def _memo(kind: str) -> dict:
+    state = _EMITTED.get()
+    return {} if state is None else state.setdefault(kind, {})
+
+
+def _order_error(n: Node, root: Node) -> str:
+    where = lambda m: f"{m.name}" + (f" at {m.location()}" if m.location() else "")
+    return (f"jaxform: effect order violated: {where(n)} would have to run before an effect it follows "
+            f"(reached from {where(root)}). A pass moved a computation across a ref read/write, callback, "
+            "debug print or RNG draw without proving independence.")
 
 
 def _body_jaxpr(g: "Graph"):
     closed = g.to_jaxpr()
-    seen = _EMITTED.get()
-    if seen is None:   # full_params() outside a to_jaxpr
+    state = _EMITTED.get()
+    if state is None:   # full_params() outside a to_jaxpr
         return closed
     try:
-        key = (str(closed.jaxpr), tuple(map(id, closed.consts)))
-    except Exception:   # a jaxpr JAX cannot print: keep it unshared
+        key = structure(g, state.setdefault("structure", {}))
+    except TypeError:   # unhashable params: keep it unshared
         return closed
-    return seen.setdefault(key, closed)
+    return state.setdefault("bodies", {}).setdefault(key, closed)
 
 
 def _region_to_param(r: Region, g):

@@ -29,6 +29,7 @@ from .algebra import algebra, algebra_exact  # noqa: E402
 from .licm import hoist_loop_invariants  # noqa: E402
 from .outline import outline  # noqa: E402
 from .scan_reductions import fuse_scan_reductions  # noqa: E402
+from .remat_loops import remat_loops  # noqa: E402
 
 DEFAULT = ["inline", "cse", "hoist_loop_invariants", "fuse_scan_reductions", "dce"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import _jax
 from ..ir import Graph, Node
-from ..ir.regions import CALLS
+from ..ir.regions import CALLS, regions_of
 from . import register
 
 
@@ -22,12 +22,16 @@ def inlinable(node: Node) -> bool:
 
 
 @register()
-def inline(graph: Graph) -> Graph:
+def inline(graph: Graph, *, consts_ok: bool = True) -> Graph:
+    """`consts_ok=False` for the body of an open-jaxpr primitive (remat, shard_map, core_call):
+    it cannot hold constants, so a call whose body closes over one (a NumPy array) stays a call."""
     nodes = []
     for node in graph.nodes:
-        for sub in node.subgraphs():
-            inline(sub)
-        if not inlinable(node):
+        for r in regions_of(node.prim.name):
+            subs = node.regions[r.name]
+            for sub in (subs if isinstance(subs, tuple) else (subs,)):
+                inline(sub, consts_ok=r.kind != "open")
+        if not inlinable(node) or (node.regions["body"].consts and not consts_ok):
             nodes.append(node)
             continue
         nodes.extend(inline_call(graph, node))

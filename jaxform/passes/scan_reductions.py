@@ -1,71 +1,65 @@
-"""Fuse reductions of scan outputs into the scan body (seed 001).
+"""Fuse reductions of scan outputs into the scan body (seed 001, issue 17).
 
-    ys = scan(step, h0, xs)[1]            # [length, batch, hidden], stacked
-    loss = mean((ys - targets) ** 2)      # ... only to be reduced
+    ys = scan(step, h0, xs)[1]                       # [length, batch, hidden], stacked
+    loss = cross_entropy(ys @ V, labels)             # ... only to be reduced
 
 A model that returns its stacked per-step outputs serves inference; the
-training loss then reduces them, so `length x batch x hidden` values live in
-memory at once. This pass moves the elementwise chain and the reduction into
-the body, where a new carry accumulates it step by step:
+training loss then reduces them, so `length x batch x ...` values live in
+memory at once. This pass moves whatever is computed *step by step* from the
+`ys` into the body, and the final reduction over the scan axis becomes a
+carried accumulator:
 
-    scan(step', (h0, 0.0), (xs, targets))   # step' also does acc += sum((h - t) ** 2)
+    scan(step', (h0, 0.0), (xs, labels))    # step' also does acc += sum(ce(h @ V, label_t))
 
-What fuses. Starting from a scan's `ys`, follow users that are
-- elementwise (ELEMENTWISE: unary/binary/ternary lax ops, `convert_element_type`):
-  their other operands must not depend on the scan and be literals, scalars
-  (become new scan consts), broadcasts of arrays along non-scan axes (the
-  broadcast operand becomes a const and the broadcast moves into the body,
-  so nothing `[length, ...]` is materialized), or arrays with the scan's
-  length on axis 0 (become new `xs`: the seed's `ys - targets`);
-- reductions (`reduce_sum`, `reduce_max`, `reduce_min`, `reduce_prod`):
-  over the scan axis 0 they end the chain and become carried accumulators
-  (init = the reduction's identity: 0, 1, -inf/+inf or the integer extremes);
-  over other axes only they reduce per step and may feed more of the chain
-  (also through a `broadcast_in_dim` that keeps axis 0, as in
-  `ys - ys.mean(-1, keepdims=True)`); if used outside it, they leave the
-  scan as a new, smaller `ys`.
-`mean` is `reduce_sum` then `div`: the division stays after the scan.
-Several reductions of the same `ys`, several `ys`, `reverse`, `unroll` and
-nested scans (bodies of scan/while/cond/jit, walked recursively, outer scans
-first so that a reduction moved into a body can fuse with an inner scan)
-are handled.
+What moves: every consumer that `ir/separability.py` proves separable (step t
+of its result needs only step t of its operands: elementwise ops incl.
+stop_gradient/select_n/clamp/convert, matmuls with the scan axis free or batch,
+transposes/reshapes/broadcasts keeping it whole, reductions, cumulative ops,
+slices and gathers over other axes, and jit / remat / custom_jvp calls whose
+bodies are all that, custom rules kept). The scan axis is followed wherever it
+goes (`ys.transpose(1, 0, 2)`, vmap of a per-example loss). Operands from
+outside the scan enter as loop constants (whole), as new `xs` (those with the
+scan's length on the scan axis, moved to axis 0 first), or are re-broadcast
+per step (a broadcast of something smaller is never materialized).
+Reductions over the scan axis (sum, max, min, prod) end the chain and become
+carries; per-step reductions used outside leave as new, smaller `ys`.
+float16/bfloat16 sums accumulate in float32 as XLA's reductions do (converted
+back once after the loop); an accumulator in `shard_map` gets the
+device-varying type of what it accumulates.
 
-What does not fuse (left exactly as is): a `ys` any of whose elementwise
-descendants has another consumer (a graph output, a matmul, the backward
-scan of a grad, an operand computed from the scan's own results such as
-`ys - ys.mean(0)`). Fusing such an output and keeping it too would only
-duplicate work. Elementwise helpers wrapped in `jit` (`jnp.where`,
-`jnp.clip`) fuse once `inline` has run (it does, first, in the default
-pipeline). Gradients at ties of max/min may be split differently between
-the tied elements (both are valid subgradients).
+`defer`: a reduction over the scan axis *and* other axes (the usual scalar
+loss) either reduces each step to a scalar and adds it (eager), or adds the
+step's elementwise values into a carried buffer and reduces once after the loop
+(deferred; one step's size of memory). `DEFER` picks per backend (see
+docs/scan_reductions.md for the measurements).
+
+What does not move (left exactly as is): a `ys` any of whose step-by-step
+descendants has a consumer that is not separable along the scan axis (a graph
+output, the backward scan of a grad, `ys[10:]`, `ys - ys.mean(0)`; see
+`blockers`), and anything whose operands are computed with effects: a value
+that reads a ref or follows a callback is never made a scan input, so nothing
+crosses an effect. Gradients at ties of max/min may be split differently
+between the tied elements (both are valid subgradients).
 
 Not exact: per-step partial sums reassociate floating point additions (XLA
 reorders reductions too), so the pass is registered with exact=False.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
+from ..ir.loops import ScanLoop
+from ..ir.separability import (ELEMENTWISE, NotSeparable, drop_invariant_axis, effect_free, emit_step,
+                               keep_varying, like_varying, operand_axes, out_axes, varying, why_not)
 from . import register
 from .dce import shrink_unused
 
-UNARY = frozenset({
-    "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "abs",
-    "sqrt", "rsqrt", "cbrt", "square", "integer_pow", "not", "real", "imag", "conj", "lgamma", "digamma", "erf",
-    "erfc", "erf_inv", "bessel_i0e", "bessel_i1e", "convert_element_type", "reduce_precision", "copy", "copy_p",
-    "population_count", "clz"})
-BINARY = frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or", "xor",
-    "eq", "ne", "lt", "le", "gt", "ge", "shift_left", "shift_right_logical", "shift_right_arithmetic", "complex",
-    "igamma", "igammac", "polygamma", "zeta"})
-TERNARY = frozenset({"select_n", "clamp"})
-ELEMENTWISE = UNARY | BINARY | TERNARY
-
-# reduction -> (the binary op that accumulates it, its identity for a dtype)
+# reduction over the scan axis -> (the binary op that accumulates it, its identity for a dtype)
 REDUCTIONS = {
     "reduce_sum": ("add", lambda d: 0),
     "reduce_prod": ("mul", lambda d: 1),
@@ -74,18 +68,26 @@ REDUCTIONS = {
     "reduce_min": ("min", lambda d: np.inf if jnp.issubdtype(d, jnp.floating) else
                    True if d == np.bool_ else jnp.iinfo(d).max),
 }
+LOW_PRECISION = (jnp.float16, jnp.bfloat16)
+
+# backend -> defer accumulation? CPU: measured here, deferred 1.06-3.5x faster than eager (docs/scan_reductions.md).
+# GPU: issue 19's plain-JAX H100 numbers (deferred 1.16x, eager 0.92x of the original); not re-measured by
+# this pass's benchmark (no GPU in that session). Others: unmeasured, eager.
+DEFER = {"cpu": True, "gpu": True, "cuda": True, "rocm": True}
 
 
 @register(exact=False)
-def fuse_scan_reductions(graph: Graph) -> Graph:
-    """Move elementwise-then-reduce consumers of scan `ys` into the body as carried accumulators."""
+def fuse_scan_reductions(graph: Graph, defer: bool | None = None) -> Graph:
+    """Move step-by-step consumers of scan `ys` into the body; reductions over steps become carries."""
+    if defer is None:
+        defer = DEFER.get(jax.default_backend(), False)
     for node in list(graph.nodes):
         if node.dead:
             continue
         if node.name == "scan":
-            fuse_scan(graph, node)
+            fuse_scan(graph, node, defer=defer)
         for sub in node.subgraphs():
-            fuse_scan_reductions(sub)
+            fuse_scan_reductions(sub, defer=defer)
     return graph
 
 
@@ -95,14 +97,17 @@ class Plan:
     """The part of `graph` downstream of a scan's `ys` that moves into its body."""
 
     def __init__(self):
-        self.nodes: list[Node] = []     # elementwise and per-step reductions, in topological order
-        self.terms: list[Node] = []     # reductions over the scan axis: become carries
-        self.exports: list[Value] = []  # per-step reductions used outside: become new ys
-        self.bad: set[int] = set()      # roots (ids) that cannot fuse
+        self.nodes: list[Node] = []         # separable consumers, in topological order
+        self.axes: dict[int, int] = {}      # value id -> its scan axis (inside values)
+        self.operand_axes: dict[int, list] = {}   # id(node) -> the scan axis of each operand (None: whole)
+        self.terms: list[Node] = []         # reductions over the scan axis: become carries
+        self.exports: list[Value] = []      # per-step reductions used outside: become new ys
+        self.bad: set[int] = set()          # roots (ids) that cannot fuse
+        self.blockers: list[tuple[Node | None, str]] = []   # (consumer, why) for explain
 
 
-def _downstream(graph: Graph, node: Node) -> set[int]:
-    """ids of the values of `graph` computed from `node`'s results."""
+def _downstream(node: Node) -> set[int]:
+    """ids of the values computed from `node`'s results."""
     seen, todo = set(), list(node.outputs)
     while todo:
         v = todo.pop()
@@ -113,72 +118,109 @@ def _downstream(graph: Graph, node: Node) -> set[int]:
     return seen
 
 
-def _liftable(v: Value, shape: tuple, after: set[int]) -> bool:
-    """Can this operand of a moved elementwise node be brought into the body?
-
-    lax elementwise ops take scalars and same-rank operands with size-1 dims
-    broadcast implicitly; axis 0 of size 1 is the same at every step.
-    """
-    s = v.aval.shape
-    return v.is_literal or (v.id not in after and (
-        s == () or (len(s) == len(shape) and all(a in (1, b) for a, b in zip(s, shape)))))
-
-
-def _axes(n: Node) -> tuple:
-    return tuple(n.params["axes"])
+def _liftable(v: Value, a, length: int, after: set[int]) -> str:
+    """'' if this outside operand can enter the body (sliced along axis a, or whole if a is None), else why not."""
+    if v.is_literal:
+        return ""
+    if v.id in after:
+        return "it is computed from this scan's results"
+    if _jax.is_ref_aval(v.aval):
+        return "it is a mutable ref"
+    if not effect_free(v):
+        return "it is computed with effects (a ref read, callback or print must keep its place)"
+    if a is not None and v.aval.ndim and v.aval.shape[a] not in (1, length):
+        return "its size on the scan axis differs from the scan's length"
+    return ""
 
 
 def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
     plan = Plan()
-    inside: dict[int, Value] = dict(roots)          # values that will be computed per step
+    inside: dict[int, Value] = dict(roots)
+    plan.axes = {i: 0 for i in roots}
     origin: dict[int, set[int]] = {i: {i} for i in roots}
     taken: set[int] = set()
+    waiting: dict[int, tuple[Node, str]] = {}
     changed = True
     while changed:
         changed = False
         for v in list(inside.values()):
             for n in v.users:
-                if id(n) in taken or n.effects or len(n.outputs) != 1:
+                if id(n) in taken:
                     continue
-                shape = n.outputs[0].aval.shape
-                if n.name in ELEMENTWISE:
-                    if shape[:1] != (length,) or any(
-                            u.id not in inside and not _liftable(u, shape, after) for u in n.inputs):
-                        continue   # maybe later, once another input is inside
-                elif n.name == "broadcast_in_dim":
-                    if tuple(n.params["broadcast_dimensions"])[:1] != (0,) or shape[:1] != (length,):
-                        continue
-                elif n.name in REDUCTIONS and _axes(n):
-                    if 0 in _axes(n):
-                        taken.add(id(n))
-                        plan.terms.append(n)
-                        changed = True
-                        continue
-                else:
+                known = {i: plan.axes[u.id] for i, u in enumerate(n.inputs) if u.id in inside}
+                if n.name in REDUCTIONS and len(known) == 1 and known[0] in tuple(n.params["axes"]):
+                    taken.add(id(n))
+                    plan.terms.append(n)
+                    changed = True
+                    waiting.pop(id(n), None)
                     continue
+                try:
+                    axes = operand_axes(n, known, length)
+                except NotSeparable as e:
+                    waiting[id(n)] = (n, str(e))
+                    continue
+                why = next((f"operand {i} cannot enter the loop: {w}" for i, u in enumerate(n.inputs)
+                            if i not in known and (w := _liftable(u, axes[i], length, after))), "")
+                if why or (why := why_not(n, axes, length)):
+                    waiting[id(n)] = (n, why)   # maybe later, once another operand is inside
+                    continue
+                oax = out_axes(n, axes, length)
                 taken.add(id(n))
+                waiting.pop(id(n), None)
                 plan.nodes.append(n)
-                o = n.outputs[0]
-                inside[o.id] = o
-                origin[o.id] = set().union(*(origin[u.id] for u in n.inputs if u.id in inside))
+                plan.operand_axes[id(n)] = axes
+                src = set().union(*(origin[u.id] for u in n.inputs if u.id in inside))
+                for o, a in zip(n.outputs, oax):
+                    inside[o.id] = o
+                    plan.axes[o.id] = a
+                    origin[o.id] = src
                 changed = True
     for v in inside.values():
-        external = any(u is OUT or id(u) not in taken for u, _ in v.uses)
-        if external and v.producer is not None and v.producer.name in REDUCTIONS and v.id not in roots:
+        uses = [u for u, _ in v.uses if u is OUT or (id(u) not in taken and not _dead(u, {}))]
+        if not uses:
+            continue
+        if v.producer is not None and v.producer.name in REDUCTIONS and v.id not in roots:
             plan.exports.append(v)
-        elif external:
-            plan.bad |= origin[v.id]
+            continue
+        plan.bad |= origin[v.id]
+        for u in uses:
+            if u is OUT:
+                plan.blockers.append((v.producer, "its stacked value is a result of the program"))
+            else:
+                plan.blockers.append((u, waiting.get(id(u), (u, "not step-by-step"))[1]))
     return plan
+
+
+def _dead(n: Node, memo: dict) -> bool:
+    """Is `n` effect-free with results nobody (transitively) reads? Such a consumer does not block:
+    the dce after fusion removes it (an unused `x[0]` of a library NamedTuple left by inlining)."""
+    if id(n) not in memo:
+        memo[id(n)] = False   # (cycles cannot occur; this only guards re-entry)
+        memo[id(n)] = not n.effects and not any(m.effects for g in n.subgraphs() for m, _ in g.walk()) and all(
+            u is not OUT and _dead(u, memo) for o in n.outputs for u, _ in o.uses)
+    return memo[id(n)]
+
+
+def blockers(graph: Graph) -> list[tuple[Node, Node | None, str]]:
+    """(scan, consumer, why) for each scan of `graph` (bodies included) whose ys did not all fuse."""
+    found = []
+    for n, _ in graph.walk():
+        if n.name != "scan":
+            continue
+        k = n.params["num_carry"]
+        roots = {o.id: o for o in n.outputs[k:] if o.uses}
+        if roots:
+            plan = _plan(roots, _downstream(n), n.params["length"])
+            found.extend((n, b, why) for b, why in plan.blockers)
+    return found
 
 
 # ---- rewriting ---------------------------------------------------------------------
 
-def fuse_scan(graph: Graph, scan: Node) -> bool:
+def fuse_scan(graph: Graph, scan: Node, defer: bool = False) -> bool:
     """Fuse what can be fused of this scan's ys consumers; True if the scan changed."""
-    if any(t is not None for _, t in scan.effects):
-        return False
     k = scan.params["num_carry"]
-    after = _downstream(graph, scan)
+    after = _downstream(scan)
     roots = {o.id: o for o in scan.outputs[k:] if o.uses}
     while roots:
         plan = _plan(roots, after, scan.params["length"])
@@ -187,120 +229,124 @@ def fuse_scan(graph: Graph, scan: Node) -> bool:
         roots = {i: v for i, v in roots.items() if i not in plan.bad}
     if not roots or not (plan.terms or plan.exports):
         return False
-    _rewrite(graph, scan, roots, plan)
+    _rewrite(graph, scan, roots, plan, defer)
     return True
 
 
-class _Body:
-    """Builds the additions to a scan body: new consts, xs, carries, ys."""
+class _Lifter:
+    """Brings outside operands into the body: whole (consts), sliced per step (xs), or re-broadcast."""
 
-    def __init__(self, graph: Graph, scan: Node):
-        self.graph, self.scan, self.body = graph, scan, scan.regions["body"]
-        p = scan.params
-        c, k = p["num_consts"], p["num_carry"]
-        self.length = p["length"]
-        ins, bins = scan.inputs, self.body.inputs
-        self.consts = {ins[i].id: bins[i] for i in range(c) if not ins[i].is_literal}
-        self.xs = {ins[i].id: bins[i] for i in range(c + k, len(ins)) if not ins[i].is_literal}
-        self.new_consts: list[tuple[Value, Value]] = []   # (outer operand, body input)
-        self.new_xs: list[tuple[Value, Value]] = []
-        self.lifted: dict[int, Value] = {}
+    def __init__(self, graph: Graph, loop: ScanLoop):
+        self.graph, self.loop, self.body = graph, loop, loop.body
+        self.consts = {v.id: b for v, b in zip(loop.consts, loop.body_consts) if not v.is_literal}
+        self.xs = {(v.id, 0): b for v, b in zip(loop.xs, loop.body_xs) if not v.is_literal}
 
     def const(self, v: Value) -> Value:
         if v.is_literal:
             return Value(v.aval, literal=v.literal)
         if v.id not in self.consts:
-            self.consts[v.id] = Value(v.aval)
-            self.new_consts.append((v, self.consts[v.id]))
+            self.consts[v.id] = self.loop.add_consts([v])[0]
         return self.consts[v.id]
 
-    def x(self, v: Value) -> Value:
-        if v.id not in self.xs:
-            self.xs[v.id] = Value(v.aval.update(shape=v.aval.shape[1:]))
-            self.new_xs.append((v, self.xs[v.id]))
-        return self.xs[v.id]
-
-    def lift(self, v: Value) -> Value:
-        """The per-step value, inside the body, of an outside operand of a moved node."""
-        if v.is_literal:
-            return Value(v.aval, literal=v.literal)
-        if v.id in self.lifted:
-            return self.lifted[v.id]
-        if v.aval.shape == ():
-            out = self.const(v)
-        elif (b := v.producer) is not None and b.name == "broadcast_in_dim" and (per := self._broadcast(b)):
-            out = per
-        elif v.aval.shape[0] == self.length:
-            out = self.x(v)     # an array with the scan's length on axis 0
-        else:                   # axis 0 of size 1: the same at every step
-            out = self.body.add("squeeze", [self.const(v)], {"dimensions": (0,)}).outputs[0]
-        self.lifted[v.id] = out
-        return out
-
-    def _broadcast(self, b: Node) -> Value | None:
-        """broadcast_in_dim(o) -> [length, ...]: broadcast o (or its per-step slice) in the body instead."""
-        o, dims, shape = b.inputs[0], tuple(b.params["broadcast_dimensions"]), tuple(b.params["shape"])
-        if 0 not in dims:
-            base = self.const(o)
-        elif o.aval.shape[0] == self.length:
-            base = self.x(o)
-        elif o.aval.shape[0] == 1:
-            base = self.body.add("squeeze", [self.const(o)], {"dimensions": (0,)},
-                                 source_info=b.source_info).outputs[0]
-        else:
-            return None
-        step_dims = tuple(d - 1 for d in dims if d != 0)
-        return self.body.add("broadcast_in_dim", [base], {**b.params, "shape": shape[1:],
-                             "broadcast_dimensions": step_dims}, source_info=b.source_info).outputs[0]
+    def lift(self, v: Value, a) -> Value:
+        """The per-step value of outside operand `v` (sliced along axis a; whole if a is None)."""
+        if v.is_literal or a is None or v.aval.ndim == 0:
+            return self.const(v)
+        s = v.aval.shape
+        b = v.producer
+        if b is not None and b.name == "broadcast_in_dim" and len(b.inputs) == 1 and effect_free(v):
+            dims = tuple(b.params["broadcast_dimensions"])
+            base = b.inputs[0]
+            base = self.lift(base, dims.index(a)) if a in dims else self.const(base)
+            rest = tuple(d for i, d in enumerate(dims) if d != a)
+            new = self.body.add("broadcast_in_dim", [base], {
+                **b.params, "shape": tuple(x for i, x in enumerate(b.params["shape"]) if i != a),
+                "broadcast_dimensions": tuple(d - (d > a) for d in rest)}, source_info=b.source_info)
+            new.ctx = b.ctx
+            return new.outputs[0]
+        if s[a] == 1:
+            return drop_invariant_axis(self.body, v, self.const(v), a, self.loop.length)
+        if (v.id, a) not in self.xs:
+            outer = v
+            if a != 0:   # the scan slices axis 0: move the scan axis there, outside
+                perm = (a, *(i for i in range(v.aval.ndim) if i != a))
+                outer = self.graph.add("transpose", [v], {"permutation": perm}).outputs[0]
+            self.xs[(v.id, a)] = self.loop.add_xs([outer])[0]
+        return self.xs[(v.id, a)]
 
 
-def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan) -> None:
-    body: Graph = scan.regions["body"]
-    p = scan.params
-    c, k = p["num_consts"], p["num_carry"]
-    b = _Body(graph, scan)
+def _vary(graph: Graph, init: Value, like, t: Node) -> Value:
+    """`init` with the device-varying type of `like`, so that the accumulator's carry type checks."""
+    missing = varying(like) - varying(init.aval)
+    if not missing:
+        return init
+    aval = like_varying(init.aval, like)   # pvary's abstract evaluation needs shard_map's axis env
+    n = graph.append(Node(_jax.primitive("pvary"), [init], [aval], {"axes": tuple(sorted(missing))},
+                          source_info=t.source_info, ctx=t.ctx))
+    return n.outputs[0]
+
+
+def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defer: bool) -> None:
+    loop = ScanLoop(scan)
+    body = loop.body
+    lift = _Lifter(graph, loop)
+    k = loop.num_carry
     env = {o.id: bo for o, bo in zip(scan.outputs[k:], body.outputs[k:]) if o.id in roots}
     for n in plan.nodes:
-        ins = [env[v.id] if v.id in env else b.lift(v) for v in n.inputs]
-        params = dict(n.params)
-        if n.name in REDUCTIONS:
-            params["axes"] = tuple(a - 1 for a in _axes(n))
-        elif n.name == "broadcast_in_dim":
-            params["shape"] = tuple(params["shape"])[1:]
-            params["broadcast_dimensions"] = tuple(d - 1 for d in params["broadcast_dimensions"][1:])
-        env[n.outputs[0].id] = body.add(n.prim, ins, params, source_info=n.source_info).outputs[0]
+        axes = plan.operand_axes[id(n)]
+        ins = [env[v.id] if v.id in env else lift.lift(v, a) for v, a in zip(n.inputs, axes)]
+        outs, _ = emit_step(body, n, ins, axes, loop.length)
+        env.update({o.id: w for o, w in zip(n.outputs, outs)})
 
-    inits, carries_in, carries_out, finals = [], [], [], []
     for t in plan.terms:
         out = t.outputs[0]
+        a = plan.axes[t.inputs[0].id]
         step = env[t.inputs[0].id]
-        axes = tuple(a - 1 for a in _axes(t) if a != 0)
-        if axes:
-            step = body.add(t.prim, [step], {**t.params, "axes": axes}, source_info=t.source_info).outputs[0]
-        acc_op, identity = REDUCTIONS[t.name]
+        other = tuple(x - (x > a) for x in t.params["axes"] if x != a)   # per-step axes
         dtype = np.dtype(out.aval.dtype)
-        lit = Graph.literal(identity(dtype), dtype, weak_type=out.aval.weak_type)
-        inits.append(graph.add("broadcast_in_dim", [lit], {"shape": out.aval.shape, "broadcast_dimensions": ()},
-                               out_avals=[out.aval], source_info=t.source_info).outputs[0])
-        carries_in.append(Value(out.aval))
-        carries_out.append(body.add(acc_op, [carries_in[-1], step], out_avals=[out.aval],
-                                    source_info=t.source_info).outputs[0])
-        finals.append(out)
+        wide = t.name in ("reduce_sum", "reduce_prod") and dtype in map(np.dtype, LOW_PRECISION)
+        if wide:   # accumulate as XLA does: per-step partials and the carry in float32
+            step = _add(body, "convert_element_type", [step], t, new_dtype=np.dtype(np.float32), weak_type=False,
+                        sharding=None)
+        deferred = defer and other and t.name in ("reduce_sum", "reduce_max", "reduce_min")
+        if other and not deferred:
+            step = _add(body, t.prim, [step], t, **{**t.params, "axes": other})
+        acc_op, identity = REDUCTIONS[t.name]
+        acc_dtype = step.aval.dtype
+        lit = Graph.literal(identity(np.dtype(acc_dtype)), acc_dtype, weak_type=step.aval.weak_type)
+        init = _add(graph, "broadcast_in_dim", [lit], t, shape=step.aval.shape, broadcast_dimensions=(),
+                    sharding=None)
+        init = _vary(graph, init, step.aval, t)
+        carry = loop.add_carry(init)
+        carry.set_next(_add(body, acc_op, [carry.inner, step], t))
+        final = carry.result
+        if deferred:
+            final = _add(graph, t.prim, [final], t, **{**t.params, "axes": other})
+        if wide:
+            final = _add(graph, "convert_element_type", [final], t, new_dtype=dtype, weak_type=out.aval.weak_type,
+                         sharding=None)
+        graph.replace_uses(out, final)
 
-    ins, bins, bouts, outs = scan.inputs, body.inputs, body.outputs, scan.outputs
-    nc = len(b.new_consts)
-    scan.set_inputs(ins[:c] + [o for o, _ in b.new_consts] + ins[c:c + k] + inits + ins[c + k:]
-                    + [o for o, _ in b.new_xs])
-    body.inputs = bins[:c] + [i for _, i in b.new_consts] + bins[c:c + k] + carries_in + bins[c + k:] \
-        + [i for _, i in b.new_xs]
-    body.set_outputs(bouts[:k] + carries_out + bouts[k:] + [env[v.id] for v in plan.exports])
-    new_carry = [Value(v.aval) for v in finals]
-    new_ys = [Value(v.aval) for v in plan.exports]
-    scan.set_outputs(outs[:k] + new_carry + outs[k:] + new_ys)
-    p["num_consts"], p["num_carry"] = c + nc, k + len(finals)
-    for old, new in zip(finals + plan.exports, new_carry + new_ys):
-        graph.replace_uses(old, new)
+    if plan.exports:
+        stacked = loop.add_ys([env[v.id] for v in plan.exports])
+        for v, s in zip(plan.exports, stacked):
+            a = plan.axes[v.id]
+            if a != 0:   # stacked on axis 0; the consumers want the scan axis at a
+                perm = tuple(range(1, a + 1)) + (0,) + tuple(range(a + 1, v.aval.ndim))
+                s = graph.add("transpose", [s], {"permutation": perm}).outputs[0]
+            graph.replace_uses(v, s)
     for n in plan.terms + plan.nodes[::-1]:   # consumers first
         if not n.dead and all(not o.uses for o in n.outputs):
             graph.remove(n)
     shrink_unused(scan)   # the fused ys (now unused) and unread inputs leave the scan
+
+
+def _add(g: Graph, prim, ins, like: Node, **params) -> Value:
+    """A node standing for (part of) user node `like`: its source line and context."""
+    n = g.add(prim, ins, params, source_info=like.source_info)
+    n.ctx = like.ctx
+    keep_varying(n)
+    return n.outputs[0]
+
+
+__all__ = ["fuse_scan_reductions", "fuse_scan", "blockers", "REDUCTIONS", "ELEMENTWISE", "DEFER"]

@@ -4,7 +4,7 @@ Passes and export paths that cannot see refs (new_ref/get/swap/addupdate,
 refs closed over by loop bodies) run on the discharged graph instead: each
 Ref becomes the value it holds, threaded through the program. JAX's own
 discharge rules do the work; this pass adds the checks that make it safe
-(the result has no refs and no effects left) and keeps the graph's signature.
+(the result has no refs left; other effects such as debug prints stay) and keeps the graph's signature.
 """
 from __future__ import annotations
 
@@ -49,9 +49,13 @@ def discharge(graph: Graph) -> Graph:
 
 
 def _uses_refs(graph: Graph) -> bool:
+    """Refs anywhere: a Ref-typed value, or an effect on one (Read/Write/Accum target an input).
+
+    Other effects (debug prints, callbacks) are not refs: they stay, as in JAX's own discharge.
+    """
     values = [*graph.inputs, *graph.consts]
     for node, _ in graph.walk():
-        if node.effects:
+        if any(_jax.input_effect_target(e) is not None for e, _ in node.effects):
             return True
         values += node.inputs + node.outputs
     return any(_jax.is_ref_aval(v.aval) for v in values)
@@ -60,7 +64,7 @@ def _uses_refs(graph: Graph) -> bool:
 def _check(before: Graph, after: Graph) -> None:
     """Refuse a result that still holds refs or effects, or whose signature moved."""
     if _uses_refs(after):
-        raise RuntimeError("jaxform internal error: discharge left refs or effects in the graph; please report.")
+        raise RuntimeError("jaxform internal error: discharge left refs in the graph; please report.")
     strip = lambda a: a.inner_aval if _jax.is_ref_aval(a) else a
     ins = [strip(a).strip_weak_type() for a in before.in_avals]
     outs = [a.strip_weak_type() for a in before.out_avals]

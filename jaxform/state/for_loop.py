@@ -22,6 +22,7 @@ import jax
 import jaxlib
 import jax.extend.core as jex
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxform import _jax
@@ -76,8 +77,19 @@ def _call_body(fn: Callable, what: str, *args):
 
 # ---------------------------------------------------------------- tracing + discharge
 
-def _shape_struct(x) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+def _shape_struct(x, drop: int = 0) -> jax.ShapeDtypeStruct:
+    """x's type (weak type kept: a Python-scalar init stays weak, as in lax loops), minus `drop` leading axes."""
+    weak = bool(getattr(jax.typeof(x), "weak_type", False))
+    return jax.ShapeDtypeStruct(jnp.shape(x)[drop:], jnp.result_type(x), weak_type=weak)
+
+
+def _zeros(s: jax.ShapeDtypeStruct):
+    """Zeros of type `s`, weakly typed if `s` is (a weak type comes from a Python scalar of its kind)."""
+    if getattr(s, "weak_type", False):
+        z = lax.full(s.shape, np.zeros((), s.dtype).item())
+        if z.dtype == s.dtype:
+            return z
+    return jnp.zeros(s.shape, s.dtype)
 
 
 def _discharged_body(body: Callable, tree, structs, x_structs, y_structs):
@@ -90,7 +102,7 @@ def _discharged_body(body: Callable, tree, structs, x_structs, y_structs):
     def stateful(i, *args):
         vals, x_slices = args[:len(structs)], args[len(structs):]
         refs = [jax.new_ref(v) for v in vals]
-        y_refs = [jax.new_ref(jnp.zeros(y.shape, y.dtype)) for y in y_structs]
+        y_refs = [jax.new_ref(_zeros(y)) for y in y_structs]
         stream = (x_slices, y_refs) if x_structs or y_structs else ()
         out = _call_body(body, "for_loop body", i, jax.tree_util.tree_unflatten(tree, refs), *stream)
         if out is not None:
@@ -104,7 +116,9 @@ def _discharged_body(body: Callable, tree, structs, x_structs, y_structs):
     ref_mask = [_jax.is_ref_aval(v.aval) for v in jaxpr.constvars]
     # Closed-over values become leading inputs so that closed-over Refs are
     # discharged like inputs: their final values come back as extra outputs.
-    open_ = jex.Jaxpr((), [*jaxpr.constvars, *jaxpr.invars], jaxpr.outvars, jaxpr.eqns, jaxpr.effects)
+    debug = jaxpr.debug_info._replace(arg_names=(*(f"closed_over[{k}]" for k in range(len(jaxpr.constvars))),
+                                                 *jaxpr.debug_info.safe_arg_names(len(jaxpr.invars))))
+    open_ = jex.Jaxpr((), [*jaxpr.constvars, *jaxpr.invars], jaxpr.outvars, jaxpr.eqns, jaxpr.effects, debug)
     pure = _jax.discharge_state(jex.ClosedJaxpr(open_, ()))
     _check_pure(pure, "for_loop body")
     return jex.jaxpr_as_fun(pure), list(closed.consts), ref_mask
@@ -113,9 +127,10 @@ def _discharged_body(body: Callable, tree, structs, x_structs, y_structs):
 def _check_pure(closed, what: str) -> None:
     bad = [v for v in [*closed.jaxpr.invars, *closed.jaxpr.outvars]
            if hasattr(v, "aval") and _jax.is_ref_aval(v.aval)]
-    if bad or closed.jaxpr.effects:
-        raise RuntimeError(f"jaxform internal error: discharging the {what} left refs or effects "
-                           f"({bad or closed.jaxpr.effects}); please report this.")
+    ref_effects = [e for e in closed.jaxpr.effects if _jax.input_effect_target(e) is not None]
+    if bad or ref_effects:   # other effects (debug prints, callbacks) stay, as under lax.scan
+        raise RuntimeError(f"jaxform internal error: discharging the {what} left refs "
+                           f"({bad or ref_effects}); please report this.")
 
 
 # ---------------------------------------------------------------- for_loop
@@ -144,7 +159,7 @@ def _loop(n, body, init, xs: list, y_structs: list, reverse: bool, unroll):
     """
     leaves, tree = jax.tree_util.tree_flatten(init)
     leaves = [jnp.asarray(x) for x in leaves]
-    x_structs = [jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in xs]
+    x_structs = [_shape_struct(x, 1) for x in xs]
     fn, consts, ref_mask = _discharged_body(body, tree, [_shape_struct(x) for x in leaves], x_structs, y_structs)
     ref_consts = [c for c, m in zip(consts, ref_mask) if m]
     n_vals, n_ys = len(leaves), len(y_structs)
@@ -202,7 +217,7 @@ def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
 
     init_leaves, init_tree = jax.tree_util.tree_flatten(init)
     init_leaves = [jnp.asarray(c) for c in init_leaves]
-    x_structs = xs_tree.unflatten([jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)) for x in xs_leaves])
+    x_structs = xs_tree.unflatten([_shape_struct(x, 1) for x in xs_leaves])
     out_c, out_y = _scan_types(f, init_tree, init_leaves, x_structs)
     # Like lax.scan: a weakly typed init (e.g. a Python 0) takes the carry-out dtype.
     promoted = [c.astype(o.dtype) if c.dtype != o.dtype and c.aval.weak_type else c
@@ -213,19 +228,30 @@ def scan(f: Callable, init: Any, xs: Any = None, length: int | None = None,
     _check_carry(f, init_tree, init_leaves, out_c)
     y_leaves, y_tree = jax.tree_util.tree_flatten(out_y)
     if n == 0:  # the body is never run
-        return init_tree.unflatten(init_leaves), y_tree.unflatten([jnp.zeros((0, *y.shape), y.dtype) for y in y_leaves])
+        return (init_tree.unflatten([_typed_as(c, o) for c, o in zip(init_leaves, init_tree.flatten_up_to(out_c))]),
+                y_tree.unflatten([_typed_as(jnp.zeros((0, *y.shape), y.dtype), y) for y in y_leaves]))
 
     def body(i, carry_refs, x_slices, y_refs):
         carry = init_tree.unflatten([r[...] for r in carry_refs])
         x = xs_tree.unflatten(x_slices)
         new_c, y = f(carry, x)
         for r, c in zip(carry_refs, init_tree.flatten_up_to(new_c)):
-            r[...] = lax.convert_element_type(c, r.dtype)
+            # Written as is when only weak types differ: discharge threads the written value, so the
+            # loop's carry out keeps f's type (a weak init may become strong and back, as in lax.scan).
+            r[...] = c if jnp.result_type(c) == r.dtype else lax.convert_element_type(c, r.dtype)
         for r, v in zip(y_refs, y_tree.flatten_up_to(y)):
             r[...] = v
 
     carry, ys = _loop(n, body, init_leaves, xs_leaves, y_leaves, reverse, unroll)
-    return init_tree.unflatten(carry), y_tree.unflatten(ys)
+    # Types as lax.scan gives them: the final carry has the type of f's carry output, ys of f's y
+    # (weak types included; a ref write makes a value strong, so they are set here).
+    carry = [_typed_as(v, o) for v, o in zip(carry, init_tree.flatten_up_to(out_c))]
+    return init_tree.unflatten(carry), y_tree.unflatten([_typed_as(v, o) for v, o in zip(ys, y_leaves)])
+
+
+def _typed_as(v, like):
+    weak = bool(getattr(like, "weak_type", False))
+    return v if jax.typeof(v).weak_type == weak else _jax.with_weak_type(v, weak)
 
 
 def _scan_types(f, init_tree, init_leaves, x_structs):

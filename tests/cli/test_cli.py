@@ -115,9 +115,9 @@ def test_demo_small(capsys):
     assert "  loss " in out and "  grad " in out and "ms ->" in out and "less)" in out
     assert out.rstrip().endswith("OK")
     tour = out[out.index("The rest of the toolbox"):]
-    for what in ("hoist_loop_invariants", "rule_by_example", "autograph", "for_loop", "Builder"):
+    for what in ("hoist_loop_invariants", "rule_by_example", "autograph", "for_loop", "Builder", "optimize(memory="):
         assert what in tour
-    assert tour.count("  OK") == 5 and "MISMATCH" not in tour
+    assert tour.count("  OK") == 6 and "MISMATCH" not in tour
 
 
 def test_entry_point_installed():

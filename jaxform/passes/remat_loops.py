@@ -1,0 +1,337 @@
+"""Plan what loops remember under `grad`: carry-only remat and two-level √L checkpointing.
+
+Reverse-mode AD of `scan` stores, for every step, the residuals its body's
+transpose needs: for an RNN cell `tanh(h @ W + x @ U)` that is the pre- and
+post-activation, `[length, batch, hidden]` each, while the carry alone is one
+such buffer. This pass rewrites each scan (before AD sees it: it works for
+`jax.grad(optimize(f))`) into one of three schedules:
+
+    keep    unchanged: AD stores every residual of every step (L * R bytes).
+    remat   the body runs under `jax.checkpoint(policy=nothing_saveable)`:
+            per step only the body's inputs (the carry) are stored, and the
+            backward pass recomputes the step first (L * C + R bytes,
+            one extra forward of the body). Inputs that are loop constants or
+            `xs` slices are read from where they are, never stacked again.
+    sqrt    an outer scan over ceil(L / c) chunks of c ≈ √L steps whose body is a
+            checkpointed inner scan of the remat'd step: the outer scan keeps a
+            carry per chunk, the inner one a carry per step of one chunk
+            (√L * C * 2 + R bytes, two extra forwards).
+
+The cost model (R: residual bytes per step, measured by asking JAX for the
+body's VJP residuals that are not loop constants or xs slices; C: the same for
+the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
+loss accumulator that is only added to is not one):
+
+    memory="auto"  remat where R >= 2 C (the stored bytes at least halve) and the
+                   recomputation is cheap: F <= 80 FLOPs per byte no longer
+                   stored (F: the body's FLOPs per step). Below that the smaller
+                   working set pays for the extra forward; above it the body is
+                   compute-bound and remat costs time (docs/remat.md).
+    memory="min"   sqrt for loops of length >= 16, remat below.
+    memory=N bytes the cheapest schedule (keep < remat < sqrt) whose predicted
+                   bytes fit N, summed over loops; if even √L does not fit,
+                   binomial checkpointing (`revolve.py`) with as many stored
+                   carries as the budget allows (float loops only).
+
+Scans with effects (callbacks, refs) or whose operands carry shard_map's
+varying-axes types are left unchanged. Nested scans are planned innermost
+first. Numerics: recomputation binds the same primitives on the same values,
+so forward values are bit-identical; gradients are bit-identical on CPU in the
+tests, but XLA may fuse recomputed ops differently, so the pass is registered
+as not exact.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax import lax
+
+from .. import _jax
+from ..ir import Graph, Node, ScanLoop
+from . import register, revolve
+
+SCHEDULES = ("keep", "remat", "sqrt", "revolve")
+TABLE_BYTES_PER_STEP = 16   # revolve's action table: about 4 int32 rows per step
+SQRT_MIN_LENGTH = 16
+# "auto" remats a body only where recomputing it costs at most this many FLOPs per byte it stops
+# storing: measured on CPU (benchmarks/training_memory.py --sweep), remat made RNN gradients faster
+# at 37-41 FLOP/B (0.79x, 0.58x the time) and slower at 137-265 FLOP/B (1.16-1.20x): the body is
+# then compute-bound (docs/remat.md). Untested on GPU, where the balance point is higher.
+MAX_FLOPS_PER_SAVED_BYTE = 80
+
+
+@dataclass
+class LoopPlan:
+    """What one scan will remember under grad (also what `explain` reports)."""
+    length: int
+    residual_bytes: int     # R: per step, what AD stores without remat
+    carry_bytes: int        # C: per step, what a remat'd step stores (the carries its recomputation reads)
+    flops: int = 0          # F: per step, what recomputing the body costs
+    schedule: str = "keep"
+    slots: int = 0          # revolve: carries stored
+    all_float: bool = False  # revolve needs inexact consts, carries, xs and ys
+
+    def predicted_bytes(self, schedule: str | None = None) -> int:
+        s, L, R, C = schedule or self.schedule, self.length, self.residual_bytes, self.carry_bytes
+        if s == "keep":
+            return L * R
+        if s == "remat":
+            return L * C + R
+        if s == "sqrt":
+            c = _chunk(L)
+            return (math.ceil(L / c) + c) * C + R
+        return 2 * max(self.slots, 1) * C + R + TABLE_BYTES_PER_STEP * L   # XLA double-buffers the slots
+
+    def recompute(self, schedule: str | None = None) -> int:
+        """Extra forward evaluations of the body per step in the backward pass (at most)."""
+        s = schedule or self.schedule
+        return revolve.repetitions(self.length, max(self.slots, 1)) + 1 if s == "revolve" else SCHEDULES.index(s)
+
+
+def _chunk(length: int) -> int:
+    """Steps per chunk: a divisor of `length` near √length (no copies of xs), else ⌈√length⌉."""
+    root = math.sqrt(length)
+    near = [d for d in range(max(1, int(root / 2)), int(2 * root) + 1) if length % d == 0]
+    return min(near, key=lambda d: abs(d - root)) if near else max(1, math.ceil(root))
+
+
+@register(exact=False)
+def remat_loops(graph: Graph, memory="auto") -> Graph:
+    """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget)."""
+    if memory is None:
+        return graph
+    if not (memory in ("auto", "min") or isinstance(memory, (int, float)) and memory >= 0):
+        raise ValueError(f"jaxform: memory must be None, 'auto', 'min' or a byte budget, got {memory!r}")
+    plans = plan(graph)
+    choose(plans, memory)
+    for owner, node, p in plans:
+        if p.schedule != "keep":
+            _rewrite(owner, node, p)
+    return graph
+
+
+def with_memory(memory):
+    """`remat_loops` with a fixed `memory` setting, as a pass (what `optimize(memory=...)` appends)."""
+    p = functools.partial(remat_loops, memory=memory)
+    p.pass_name, p.exact = f"remat_loops(memory={memory!r})", False
+    return p
+
+
+# ---- planning --------------------------------------------------------------------------
+
+def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
+    """Every scan that can be rescheduled (innermost first), the graph holding it, its measured costs."""
+    out = []
+    for node in list(graph.nodes):
+        for sub in node.subgraphs():
+            out.extend(plan(sub))
+        if node.name == "scan" and _reschedulable(node):
+            loop = ScanLoop(node)
+            out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _residual_bytes(loop, remat=True),
+                                              body_flops(loop.body), all_float=_all_float(loop))))
+    return out
+
+
+def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
+    for *_, p in plans:
+        if memory == "auto":
+            saved = p.residual_bytes - p.carry_bytes
+            cheap = p.flops <= MAX_FLOPS_PER_SAVED_BYTE * saved
+            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and cheap else "keep"
+        elif memory == "min":
+            p.schedule = "sqrt" if p.length >= SQRT_MIN_LENGTH else "remat"
+        else:
+            p.schedule = "keep"
+    if memory in ("auto", "min"):
+        return
+    # A budget: upgrade the loops that save the most bytes until the total fits.
+    for target in ("remat", "sqrt"):
+        total = sum(p.predicted_bytes() for *_, p in plans)
+        for p in sorted((p for *_, p in plans), key=lambda p: _saving(p, target), reverse=True):
+            if total <= memory:
+                return
+            if target == "sqrt" and p.length < SQRT_MIN_LENGTH:
+                continue
+            total -= p.predicted_bytes() - p.predicted_bytes(target)
+            p.schedule = target
+    # Still over: binomial checkpointing, sharing what is left of the budget by loop length.
+    over = [p for _, _, p in plans if p.schedule == "sqrt" and p.all_float]
+    if not over or sum(p.predicted_bytes() for *_, p in plans) <= memory:
+        return
+    rest = memory - sum(p.predicted_bytes() for _, _, p in plans if p not in over)
+    steps = sum(p.length for p in over)
+    for p in over:
+        share = max(rest, 0) * p.length / steps - p.residual_bytes - TABLE_BYTES_PER_STEP * p.length
+        p.slots = int(max(1, min(share // max(2 * p.carry_bytes, 1), 2 * math.isqrt(p.length))))
+        if p.predicted_bytes("revolve") < p.predicted_bytes("sqrt"):
+            p.schedule = "revolve"
+
+
+def _saving(p: LoopPlan, target: str) -> int:
+    return p.predicted_bytes() - p.predicted_bytes(target)
+
+
+def body_flops(g: Graph) -> int:
+    """A per-step FLOP estimate: 2·M·N·K for dot_general, one per output element elsewhere, loops × length."""
+    total = 0
+    for n in g.nodes:
+        out = sum(int(np.prod(o.aval.shape)) for o in n.outputs)
+        if n.name == "dot_general":
+            (lc, _), _ = n.params["dimension_numbers"]
+            total += 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
+        elif n.name in ("conv_general_dilated",):
+            total += 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
+        elif n.name == "scan":
+            total += n.params["length"] * body_flops(n.regions["body"])
+        else:
+            total += out + sum(body_flops(sub) for sub in n.subgraphs())
+    return total
+
+
+def _all_float(loop: ScanLoop) -> bool:
+    inexact = lambda v: np.issubdtype(np.dtype(v.aval.dtype), np.inexact)  # noqa: E731
+    return all(map(inexact, loop.node.inputs + loop.node.outputs))
+
+
+def _bytes(values) -> int:
+    return sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in values)
+
+
+def _reschedulable(node: Node) -> bool:
+    body = node.regions["body"]
+    if node.effects or any(n.effects for n, _ in body.walk()):
+        return False
+    if any(getattr(v.aval, "vma", None) for v in node.inputs + body.inputs):
+        return False
+    return node.params["length"] > 1
+
+
+def _sds(aval):
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _residual_bytes(loop: ScanLoop, remat: bool = False) -> int:
+    """Per-step bytes AD would store for this body: its VJP residuals, less loop constants and xs slices.
+
+    remat=True: of the body under `jax.checkpoint(policy=nothing_saveable)`, i.e. the inputs the
+    recomputation needs (a carry used only linearly, such as a loss accumulator, is not one).
+    """
+    body = loop.body.to_jaxpr()
+    nc, nk = loop.num_consts, loop.num_carry
+    found = []
+
+    def probe(*args):
+        consts, rest = args[:nc], args[nc:]
+        fn = lambda *r: _jax.eval_jaxpr(body, *consts, *r)  # noqa: E731
+        floats = [i for i, a in enumerate(rest) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+        if not floats:
+            return 0
+
+        def diff(*fl):
+            full = list(rest)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            return fn(*full)
+        if remat:
+            diff = jax.checkpoint(diff, policy=jax.checkpoint_policies.nothing_saveable)
+        _, vjp = jax.vjp(diff, *[rest[i] for i in floats])
+        invariant = {id(c) for c in consts} | {id(x) for x in rest[nk:]}   # read in place, never stacked
+        found.extend(_jax.get_aval(r) for r in jax.tree_util.tree_leaves(vjp) if id(r) not in invariant)
+        return 0
+
+    try:
+        jax.eval_shape(probe, *[_sds(v.aval) for v in loop.body.inputs])
+    except Exception:
+        return 0   # cannot differentiate this body (integer-only, unusual primitives): keep it
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in found)
+
+
+# ---- rewriting -------------------------------------------------------------------------
+
+def _rewrite(graph: Graph, node: Node, p: LoopPlan) -> None:
+    """Replace the scan by the traced program of its new schedule, spliced in place."""
+    loop = ScanLoop(node)
+    body = loop.body.to_jaxpr()
+    nc, nk, length = loop.num_consts, loop.num_carry, loop.length
+    reverse, unroll = loop.reverse, node.params.get("unroll", 1)
+    policy = jax.checkpoint_policies.nothing_saveable
+
+    def scheduled(*ops):
+        consts, carry, xs = ops[:nc], ops[nc:nc + nk], ops[nc + nk:]
+
+        @functools.partial(jax.checkpoint, policy=policy, prevent_cse=False)
+        def step(c, x):
+            outs = _jax.eval_jaxpr(body, *consts, *c, *x)
+            return list(outs[:nk]), list(outs[nk:])
+
+        if p.schedule == "remat":
+            c, ys = lax.scan(step, list(carry), list(xs), length=length, reverse=reverse, unroll=unroll)
+            return [*c, *ys]
+        if p.schedule == "revolve":
+            def plain(k, c, x):
+                outs = _jax.eval_jaxpr(body, *k, *c, *x)
+                return list(outs[:nk]), list(outs[nk:])
+            rx = [jax.numpy.flip(x, 0) for x in xs] if reverse else list(xs)
+            c, ys = revolve.scan_revolve(plain, list(consts), list(carry), rx, length, p.slots)
+            return [*c, *([jax.numpy.flip(y, 0) for y in ys] if reverse else ys)]
+        return _two_level(step, list(carry), list(xs), length, reverse)
+
+    closed = jax.make_jaxpr(scheduled)(*[_sds(v.aval) for v in node.inputs])
+    _splice(graph, node, Graph.from_jaxpr(closed))
+
+
+def _two_level(step, carry, xs, length, reverse):
+    """scan(step) as an outer scan over chunks of c steps, each a checkpointed inner scan."""
+    c = _chunk(length)
+    n, r = divmod(length, c)   # n full chunks, then a tail of r steps
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def chunk(cr, xc):
+        return lax.scan(step, cr, xc, length=c, reverse=reverse)
+
+    def run_chunks(cr, xpart):
+        xc = [x.reshape(n, c, *x.shape[1:]) for x in xpart]
+        cr, ys = lax.scan(chunk, cr, xc, length=n, reverse=reverse)
+        return cr, [y.reshape(n * c, *y.shape[2:]) for y in ys]
+
+    def run_tail(cr, xpart):
+        return lax.scan(step, cr, xpart, length=r, reverse=reverse)
+
+    if r == 0:
+        return _flat(run_chunks(carry, xs))
+    head, tail = [x[:n * c] for x in xs], [x[n * c:] for x in xs]
+    if not reverse:
+        carry, ys_h = run_chunks(carry, head)
+        carry, ys_t = run_tail(carry, tail)
+        ys = [jax.numpy.concatenate([a, b]) for a, b in zip(ys_h, ys_t)]
+    else:                      # a reverse scan meets the tail first
+        carry, ys_t = run_tail(carry, tail)
+        carry, ys_h = run_chunks(carry, head)
+        ys = [jax.numpy.concatenate([a, b]) for a, b in zip(ys_h, ys_t)]
+    return [*carry, *ys]
+
+
+def _flat(carry_ys):
+    return [*carry_ys[0], *carry_ys[1]]
+
+
+def _splice(graph: Graph, node: Node, sub: Graph) -> None:
+    """Put `sub`'s nodes where `node` was: its inputs are node's operands, its outputs node's results."""
+    for c in sub.consts:
+        graph.consts.append(c)
+    for inner, outer in zip(sub.inputs, node.inputs):
+        sub.replace_uses(inner, outer)
+    outs = list(sub.outputs)
+    sub.set_outputs([])
+    for old, new in zip(node.outputs, outs):
+        graph.replace_uses(old, new)
+    at = graph._nodes.index(node)
+    for i, v in enumerate(node.inputs):
+        v.uses.remove((node, i))
+    node.dead = True
+    graph._nodes[at:at + 1] = sub.nodes
+    graph._dirty = True

@@ -1,0 +1,153 @@
+"""Binomial (revolve) checkpointing of a scan: reverse L steps with c stored carries.
+
+Griewank's result: with c checkpoint slots and at most r forward recomputations
+of each step, β(c, r) = C(c + r, c) steps can be reversed. For a budget of a
+few carries this reaches loops far longer than √L checkpointing can hold, at
+a recompute factor that grows like log L.
+
+`scan_revolve(step, consts, carry, xs, length, slots)` runs the loop forward
+storing nothing but the final carry and the ys (they are outputs), and its
+custom VJP replays a static schedule, computed here in Python as a table of
+actions, with a `while_loop` interpreter over the table:
+
+    SAVE s     slots[s] = carry                 LOAD s     carry, t = slots[s]
+    ADVANCE n  n forward steps from t           REVERSE    one step's VJP at t
+
+The reverse recursion (treeverse): to reverse steps [a, b) holding the carry
+at a and c free slots, save it, advance to the split point m, reverse [m, b)
+with c - 1 slots, restore the carry at a and reverse [a, m) with c slots.
+The split m = a + β(c, r - 1) (r: the least with β(c, r) >= b - a) is the
+binomial one. Float operands only (the interpreter accumulates cotangents);
+the VJP is first order (its while loop is not reverse-differentiable).
+"""
+from __future__ import annotations
+
+import functools
+from math import comb
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+SAVE, LOAD, ADVANCE, REVERSE = range(4)
+
+
+def _instantiate(ct, like):
+    """A symbolic-zero cotangent (symbolic_zeros=True) as an array of zeros."""
+    return jnp.zeros(like.shape, like.dtype) if type(ct).__name__ == "SymbolicZero" else ct
+
+
+def beta(c: int, r: int) -> int:
+    """Steps reversible with c slots and r recomputations (Griewank's binomial bound)."""
+    return comb(c + r, c)
+
+
+def repetitions(length: int, slots: int) -> int:
+    """The least r with β(slots, r) >= length: each step is recomputed at most r times."""
+    r = 0
+    while beta(slots, r) < length:
+        r += 1
+    return r
+
+
+def schedule(length: int, slots: int) -> np.ndarray:
+    """The action table, rows (op, arg, step): op in SAVE/LOAD/ADVANCE/REVERSE (step: for checking)."""
+    assert slots >= 1 and length >= 1
+    rows: list[tuple[int, int, int]] = []
+
+    def reverse(a: int, b: int, free: int, slot: int) -> None:
+        # the current carry is the carry before step a; slots [0, slot) are taken
+        while b - a > 1:
+            if free == 0:          # no slot left: replay from a for each step (not reached with slots >= 1)
+                raise AssertionError("revolve: ran out of slots")
+            n = b - a
+            r = repetitions(n, free)
+            m = a + max(1, min(n - 1, beta(free, r - 1) if r > 0 else 1))
+            rows.append((SAVE, slot, a))
+            rows.append((ADVANCE, m - a, a))
+            reverse(m, b, free - 1, slot + 1)
+            rows.append((LOAD, slot, a))
+            b = m
+        rows.append((REVERSE, 0, a))
+
+    reverse(0, length, slots, 0)
+    return np.asarray(rows, np.int32)
+
+
+def scan_revolve(step, consts, carry, xs, length: int, slots: int):
+    """`lax.scan(partial(step, consts), carry, xs)` whose gradient stores `slots` carries.
+
+    step(consts, carry, x) -> (carry, y); all leaves of consts/carry/xs/ys inexact.
+    """
+    rows = schedule(length, slots)
+    packed = rows[:, 0] | (rows[:, 1] << 2)   # one int32 a row: op in 2 bits, arg above (numpy: no tracer)
+
+    @jax.custom_vjp
+    def run(consts, carry, xs):
+        return lax.scan(functools.partial(step, consts), carry, xs, length=length)
+
+    perturbed: dict = {}   # which xs leaves are differentiated (trace-time flags from fwd, for bwd)
+
+    def fwd(consts, carry, xs):
+        value = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
+        perturbed["xs"] = [p.perturbed for p in jax.tree_util.tree_leaves(xs)]
+        consts, carry, xs = value(consts), value(carry), value(xs)
+        return run(consts, carry, xs), (consts, carry, xs)
+
+    def bwd(res, ct):
+        consts, carry0, xs = res
+        ct_carry, ct_ys = ct
+        zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
+        ct_ys = jax.tree_util.tree_map(_instantiate, ct_ys, run_out_ys(consts, carry0, xs))
+        ct_carry = jax.tree_util.tree_map(_instantiate, ct_carry, carry0)
+        x_leaves, x_tree = jax.tree_util.tree_flatten(xs)
+        table = jnp.asarray(packed)
+        wanted = perturbed["xs"]
+        x_at = lambda t: jax.tree_util.tree_map(lambda x: x[t], xs)   # noqa: E731
+        store = jax.tree_util.tree_map(lambda c: jnp.zeros((slots, *jnp.shape(c)), jnp.result_type(c)), carry0)
+        steps = jnp.zeros(slots, jnp.int32)   # the step each slot's carry is before
+
+        def advance(c, t, n):
+            return lax.fori_loop(0, n, lambda i, c: step(consts, c, x_at(t + i))[0], c), t + n
+
+        def reverse(c, t, ct_c, ct_k, ct_xs):
+            _, vjp = jax.vjp(lambda k, c, x: step(k, c, x), consts, c, x_at(t))
+            ct_y = jax.tree_util.tree_map(lambda y: y[t], ct_ys)
+            dk, dc, dx = vjp((ct_c, ct_y))
+            ct_k = jax.tree_util.tree_map(jnp.add, ct_k, dk)
+            dx = [d for d, w in zip(jax.tree_util.tree_leaves(dx), wanted) if w]
+            ct_xs = [b.at[t].set(d) for b, d in zip(ct_xs, dx)]
+            return dc, ct_k, ct_xs
+
+        def body(state):
+            i, c, t, store, steps, ct_c, ct_k, ct_xs = state
+            op, arg = table[i] & 3, table[i] >> 2
+
+            def save():
+                return (c, t, jax.tree_util.tree_map(lambda s, v: s.at[arg].set(v), store, c),
+                        steps.at[arg].set(t), ct_c, ct_k, ct_xs)
+
+            def load():
+                return jax.tree_util.tree_map(lambda s: s[arg], store), steps[arg], store, steps, ct_c, ct_k, ct_xs
+
+            def adv():
+                c2, t2 = advance(c, t, arg)
+                return c2, t2, store, steps, ct_c, ct_k, ct_xs
+
+            def rev():
+                dc, k2, x2 = reverse(c, t, ct_c, ct_k, ct_xs)
+                return c, t, store, steps, dc, k2, x2
+            return (i + 1, *lax.switch(op, [save, load, adv, rev]))
+
+        state = (0, carry0, 0, store, steps, ct_carry, zeros(consts),
+                 [jnp.zeros_like(x) for x, w in zip(x_leaves, wanted) if w])
+        *_, ct_c, ct_k, ct_xs = lax.while_loop(lambda s: s[0] < table.shape[0], body, state)
+        it = iter(ct_xs)   # xs that are not differentiated get no cotangent buffer at all
+        return ct_k, ct_c, jax.tree_util.tree_unflatten(x_tree, [next(it) if w else None for w in wanted])
+
+    def run_out_ys(consts, carry, xs):
+        return jax.eval_shape(lambda: run(consts, carry, xs)[1])
+
+    run.defvjp(fwd, bwd, symbolic_zeros=True)
+    return run(consts, carry, xs)
