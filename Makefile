@@ -9,7 +9,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: demo test test-slow bench
+.PHONY: demo test test-slow test-jax-latest bench
 demo: $(BIN)/.installed
 	$(BIN)/jaxform demo
 
@@ -18,6 +18,16 @@ test: $(BIN)/.installed
 
 test-slow: $(BIN)/.installed   # the long tier: full JAX harness set, full library differential tests, ...
 	$(BIN)/python -m pytest -n 2 -q -m slow
+
+# The fast tier on the newest JAX with Python 3.13 (this machine has no Python >= 3.12: py313.sh makes one
+# from Debian 13 packages; jax-latest-env.sh makes a venv with the newest jax + the test extras).
+TOOLS ?= ../shared/tools
+PY313 ?= .py313
+LATEST ?= .venv-jax-latest
+test-jax-latest:
+	PY313_DIR=$(PY313) bash $(TOOLS)/py313.sh $(PY313) >/dev/null
+	PY313_DIR=$(PY313) bash $(TOOLS)/jax-latest-env.sh $(LATEST) . >/dev/null
+	$(LATEST)/bin/python -m pytest -n 2 -q -m "not slow"
 
 bench: $(BIN)/.installed
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

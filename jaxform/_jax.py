@@ -1,7 +1,9 @@
 """The one compatibility layer over JAX internals.
 
 Everything jaxform needs from `jax._src` goes through here, so a JAX upgrade
-touches one file. Tested against JAX 0.10.x (see pyproject.toml).
+touches one file. Tested against JAX 0.10.x, 0.11.x and 0.12.x (see pyproject.toml):
+the differences between them are the adapters in "JAX versions" below, so that the
+IR and every pass see one canonical layout (JAX 0.10's).
 """
 from __future__ import annotations
 
@@ -185,6 +187,105 @@ def _optional_params() -> dict[str, dict[str, Any]]:
 def complete_params(prim: Primitive, params: dict) -> dict:
     """`params` plus any optional params (set to None) that `prim` expects but the caller left out."""
     return {**_optional_params().get(prim.name, {}), **params}
+
+
+# ---- JAX versions: one adapter per concept ------------------------------------
+# jaxform's IR and passes see JAX 0.10's layout: scan params hold `num_consts` and
+# `num_carry`, a ClosedJaxpr pairs an open Jaxpr with its consts. `Graph.from_jaxpr`
+# passes each equation's params through `canonical_params`, `Node.full_params` through
+# `jax_params`; everything else about a version is picked here once, by feature detection.
+
+JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+CALL_PRIMITIVE: str = jex.primitives.closed_call_p.name
+"""The name of JAX's plain call of a closed jaxpr: 'closed_call' (0.10), 'eval_jaxpr' (0.11+, which
+merged call_p and closed_call_p into eval_jaxpr_p). Its body is the `call_jaxpr` param either way."""
+
+
+def _consts_on_jaxpr() -> bool:
+    """0.11+: ClosedJaxpr is Jaxpr, whose leading `consts` make the first invars constvars."""
+    return jex.ClosedJaxpr is jex.Jaxpr
+
+
+def closed_jaxpr(constvars, invars, outvars, eqns, effects, debug_info, consts) -> ClosedJaxpr:
+    """A closed jaxpr from its parts. On 0.12 a Jaxpr built with constvars but no `consts=` would
+    turn its constvars into leading inputs, so the consts go in at construction."""
+    if _consts_on_jaxpr():
+        return jex.Jaxpr(constvars, invars, outvars, eqns, effects, debug_info, consts=list(consts))
+    return jex.ClosedJaxpr(jex.Jaxpr(constvars, invars, outvars, eqns, effects, debug_info), list(consts))
+
+
+class LayoutHint:
+    """The version-specific form of canonical params that counts alone cannot rebuild (0.11+ scan's
+    FlatTree nesting), kept so a round trip gives back the same equation. All hints compare equal:
+    they never tell two nodes apart (CSE) and the printer hides them."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, LayoutHint)
+
+    def __hash__(self):
+        return hash(LayoutHint)
+
+    def __repr__(self):
+        return "LayoutHint"
+
+
+_HINT = "_jax_layout"
+
+
+class _ScanFlatTrees:
+    """0.11+: scan's `num_consts`/`num_carry` became FlatTrees `ft_in` = (consts, carry, xs) and
+    `ft_out` = (carry, ys), every leaf None; only the top-level split means anything to JAX."""
+
+    @staticmethod
+    def applies() -> bool:
+        import inspect
+        from jax._src.lax.control_flow import loops
+        return "ft_in" in inspect.signature(loops._scan_abstract_eval).parameters
+
+    @staticmethod
+    def from_jax(p: dict) -> dict:
+        ft_in, ft_out = p.pop("ft_in"), p.pop("ft_out")
+        consts, carry, _ = ft_in.unpack()
+        p["num_consts"], p["num_carry"] = len(consts), len(carry)
+        p[_HINT] = LayoutHint((ft_in, ft_out))
+        return p
+
+    @staticmethod
+    def to_jax(p: dict) -> dict:
+        from jax._src import flattree as ft
+        c, k = p.pop("num_consts"), p.pop("num_carry")
+        hint = p.pop(_HINT, None)
+        body = p["jaxpr"]
+        x, y = len(body.in_avals) - c - k, len(body.out_avals) - k
+        if hint is not None:
+            ft_in, ft_out = hint.value
+            if [len(t) for t in ft_in.unpack()] == [c, k, x] and [len(t) for t in ft_out.unpack()] == [k, y]:
+                p["ft_in"], p["ft_out"] = ft_in, ft_out
+                return p
+        p["ft_in"] = ft.pack((ft.nones(c), ft.nones(k), ft.nones(x)))
+        p["ft_out"] = ft.pack((ft.nones(k), ft.nones(y)))
+        return p
+
+
+# primitive name -> adapter, for the adapters that apply to the running JAX
+_PARAM_ADAPTERS: dict[str, Any] = {name: a for name, a in [("scan", _ScanFlatTrees)] if a.applies()}
+
+
+def canonical_params(prim: Primitive, params: dict) -> dict:
+    """An equation's params in jaxform's layout (a new dict; region params are left as they are)."""
+    a = _PARAM_ADAPTERS.get(prim.name)
+    return a.from_jax(dict(params)) if a else dict(params)
+
+
+def jax_params(prim: Primitive, params: dict) -> dict:
+    """Canonical params (regions already turned back into jaxprs) in the running JAX's layout."""
+    a = _PARAM_ADAPTERS.get(prim.name)
+    return a.to_jax(dict(params)) if a else params
 
 
 def primitive_harnesses() -> list | None:

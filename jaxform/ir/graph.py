@@ -124,7 +124,7 @@ class Node:
         params = dict(self.params)
         for r in regions_of(self.prim.name):
             params[r.param] = _region_to_param(r, self.regions[r.name])
-        return params
+        return _jax.jax_params(self.prim, params)
 
     def location(self) -> str:
         """'file.py:12 (fn)' of the user code that produced this node, or ''."""
@@ -288,7 +288,7 @@ class Graph:
             return Value(a.aval, literal=a.val) if _jax.is_literal(a) else env[a]
 
         for eqn in jaxpr.eqns:
-            params, regions = dict(eqn.params), {}
+            params, regions = _jax.canonical_params(eqn.primitive, eqn.params), {}
             for r in regions_of(eqn.primitive.name):
                 regions[r.name] = _param_to_region(r, params.pop(r.param))
             effects = tuple((e, env.get(t) if (t := _jax.input_effect_target(e)) is not None else None)
@@ -387,8 +387,7 @@ class Graph:
         if debug is not None and (len(getattr(debug, "arg_names", ()) or ()) != len(invars) or
                                   len(getattr(debug, "result_paths", ()) or ()) not in (0, len(outvars))):
             debug = debug._replace(arg_names=None, result_paths=None) if hasattr(debug, "_replace") else None
-        jaxpr = _jax.Jaxpr(constvars, invars, outvars, eqns, effects, debug)
-        return _jax.ClosedJaxpr(jaxpr, [v.const for v in self.consts])
+        return _jax.closed_jaxpr(constvars, invars, outvars, eqns, effects, debug, [v.const for v in self.consts])
 
     # ---- running ------------------------------------------------------------
     def evaluate(self, *args):

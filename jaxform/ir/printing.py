@@ -25,7 +25,7 @@ def _fresh(names: dict) -> str:
 def _shown(v) -> bool:
     """Hide params that only say 'nothing requested' (unspecified shardings, empty meshes, None)."""
     items = v if isinstance(v, tuple) else (v,)
-    return not all(x is None or x is False or type(x).__name__ in ("UnspecifiedValue", "Mesh", "AbstractMesh")
+    return not all(x is None or x is False or type(x).__name__ in ("UnspecifiedValue", "Mesh", "AbstractMesh", "LayoutHint")
                    for x in items) or v == ()
 
 

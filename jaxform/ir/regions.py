@@ -4,6 +4,8 @@ A *region* is a sub-jaxpr stored in an equation's params. For the primitives
 listed here the IR turns it into a sub-Graph that passes can rewrite; the
 params are rebuilt from the sub-Graph on the way back. Primitives not listed
 stay opaque: their params (and any jaxprs inside) are carried through untouched.
+Names of every supported JAX version are listed (0.11 replaced `closed_call` and
+`core_call` by `eval_jaxpr`); params are in jaxform's canonical layout (see _jax.py).
 
     kind "closed":       params[key] is a ClosedJaxpr
     kind "open":         params[key] is a Jaxpr (no consts)
@@ -28,6 +30,7 @@ REGIONS: dict[str, tuple[Region, ...]] = {
     "jit": (Region("jaxpr", "body", "closed"),),
     "pjit": (Region("jaxpr", "body", "closed"),),
     "closed_call": (Region("call_jaxpr", "body", "closed"),),
+    "eval_jaxpr": (Region("call_jaxpr", "body", "closed"),),   # JAX 0.11+: closed_call and core_call
     "core_call": (Region("call_jaxpr", "body", "open"),),
     "custom_jvp_call": (Region("call_jaxpr", "body", "closed"),),
     "custom_vjp_call": (Region("call_jaxpr", "body", "closed"),),
@@ -37,7 +40,7 @@ REGIONS: dict[str, tuple[Region, ...]] = {
 }
 
 # Bodies that are plain calls: inputs map 1:1 to operands, outputs to results.
-CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
+CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "eval_jaxpr"})
 
 
 def regions_of(prim_name: str) -> tuple[Region, ...]:

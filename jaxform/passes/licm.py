@@ -35,13 +35,14 @@ import math
 
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
+from ..ir.regions import CALLS
 from . import register
 from .cse import cse, node_key
 
 EXPANSION_LIMIT = 1 << 20   # bytes a moved node may produce beyond its inputs' size
 TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
                      "iota", "copy", "copy_p", "rev", "slice", "pad", "concatenate", "select_n", "stop_gradient"})
-PEEL = frozenset({"remat2", "checkpoint", "closed_call", "core_call", "jit", "pjit"})
+PEEL = frozenset({"remat2", "checkpoint"}) | CALLS   # calls of every JAX version (regions.CALLS)
 
 
 @register(exact=True)

@@ -14,6 +14,7 @@ from typing import Iterable
 
 from jax.extend.core import DebugInfo
 
+from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 
@@ -69,7 +70,7 @@ def outline(graph: Graph, nodes: Iterable[Node], name: str = "outlined", *, clos
     body._nodes = chosen
     graph._nodes = [n for n in graph.nodes if id(n) not in ids]
     body.set_outputs(escaping)
-    call = graph.add("closed_call", operands, {}, regions={"body": body}, source_info=chosen[0].source_info)
+    call = graph.add(_jax.CALL_PRIMITIVE, operands, {}, regions={"body": body}, source_info=chosen[0].source_info)
     graph._nodes.pop()
     graph._nodes.insert(sum(1 for n in order[:pos[id(chosen[0])]] if id(n) not in ids), call)
     for k, uses in enumerate(outer_uses):
