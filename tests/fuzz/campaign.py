@@ -1,0 +1,109 @@
+"""A fuzzing campaign outside pytest: count every mismatch instead of stopping at the first.
+
+    .venv/bin/python tests/fuzz/campaign.py --examples 300 --seed 1 --out /tmp/c1.json
+    .venv/bin/python tests/fuzz/campaign.py --merge /tmp/c*.json
+
+Each program is checked like in test_fuzz.py (every pipeline, the round trip, and
+here always the optimize() API too), but mismatches are collected per program
+(kind of check x pipeline) and counted per construct the program contains; the
+shortest program per (kind, pipeline) is kept as a reproducer. No shrinking: run
+it in chunks of a few minutes with different seeds, then --merge.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+from fuzz.differential import STATS, check, pipelines  # noqa: E402
+from fuzz.programs import programs  # noqa: E402
+
+
+def run(examples: int, s: int) -> dict:
+    found, repro, errors = collections.Counter(), {}, []
+
+    @seed(s)
+    @settings(max_examples=examples, deadline=None, database=None, print_blob=False, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(programs())
+    def one(prog):
+        got = []
+        try:
+            check(prog, api=True, collect=got)
+        except Exception as e:  # noqa: BLE001 - JAX itself rejects the program: a generator bug, counted
+            errors.append(f"{type(e).__name__}: {str(e)[:300]}\n{prog}")
+            return
+        if got:
+            found["programs_with_mismatch"] += 1
+        for key in {(e.kind, "/".join(e.who)) for e in got}:
+            found["|".join(key)] += 1
+            for f in prog.features:
+                found[f"{f}|{key[0]}"] += 1
+            msg = next(str(e) for e in got if (e.kind, "/".join(e.who)) == key)
+            if "|".join(key) not in repro or len(str(prog)) < len(repro["|".join(key)][0]):
+                repro["|".join(key)] = (str(prog), msg[:600])
+
+    t0 = time.time()
+    one()
+    return {"stats": dict(STATS), "found": dict(found), "repro": repro, "errors": errors,
+            "seconds": time.time() - t0, "pipelines": sorted(pipelines())}
+
+
+def show(data: dict) -> str:
+    from fuzz.report import table
+    stats, found = collections.Counter(data["stats"]), collections.Counter(data["found"])
+    lines = [f"{stats['programs']} programs in {data['seconds']:.0f} s; {found['programs_with_mismatch']} with a "
+             f"mismatch; {len(data['errors'])} rejected by JAX itself (generator errors)"]
+    lines += table(stats, data["pipelines"])
+    lines.append("mismatches (programs) per check kind | pipeline:")
+    lines += [f"  {k:<50} {v:>5}" for k, v in sorted(found.items()) if k.count("|") == 1 and not
+              any(k.startswith(f + "|") for f in (x[4:] for x in stats if x.startswith("has:")))]
+    lines.append("mismatches (programs) per construct | check kind:")
+    lines += [f"  {k:<50} {v:>5}" for k, v in sorted(found.items()) if
+              any(k.startswith(f + "|") for f in (x[4:] for x in stats if x.startswith("has:")))]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out")
+    ap.add_argument("--merge", nargs="*")
+    a = ap.parse_args()
+    if a.merge:
+        data = {"stats": collections.Counter(), "found": collections.Counter(), "repro": {}, "errors": [],
+                "seconds": 0.0, "pipelines": set()}
+        for path in a.merge:
+            with open(path) as f:
+                d = json.load(f)
+            data["stats"].update(d["stats"])
+            data["found"].update(d["found"])
+            data["errors"] += d["errors"]
+            data["seconds"] += d["seconds"]
+            data["pipelines"] |= set(d["pipelines"])
+            for k, v in d["repro"].items():
+                if k not in data["repro"] or len(v[0]) < len(data["repro"][k][0]):
+                    data["repro"][k] = v
+        data["pipelines"] = sorted(data["pipelines"])
+    else:
+        data = run(a.examples, a.seed)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(data, f)
+    print(show(data))
+    for k, (src, msg) in sorted(data["repro"].items()):
+        print(f"\n===== {k}\n{msg}\n{src}")
+    for e in data["errors"][:5]:
+        print(f"\n===== generator error\n{e}")
+
+
+if __name__ == "__main__":
+    main()
