@@ -4,7 +4,7 @@
     .venv/bin/python tests/fuzz/campaign.py --merge /tmp/c*.json
 
 Each program is checked like in test_fuzz.py (every pipeline, the round trip, and
-here always the optimize() API too), but mismatches are collected per program
+the x64 ones, or with --api all, through the optimize() API too), but mismatches are collected per program
 (kind of check x pipeline) and counted per construct the program contains; the
 shortest program per (kind, pipeline) is kept as a reproducer. No shrinking: run
 it in chunks of a few minutes with different seeds, then --merge.
@@ -26,6 +26,9 @@ from fuzz.differential import STATS, check, pipelines  # noqa: E402
 from fuzz.programs import programs  # noqa: E402
 
 
+API = False  # --api: every program also through optimize() (default: the x64 ones)
+
+
 def run(examples: int, s: int) -> dict:
     found, repro, errors = collections.Counter(), {}, []
 
@@ -36,7 +39,7 @@ def run(examples: int, s: int) -> dict:
     def one(prog):
         got = []
         try:
-            check(prog, api=True, collect=got)
+            check(prog, api=API or None, collect=got)
         except Exception as e:  # noqa: BLE001 - JAX itself rejects the program: a generator bug, counted
             errors.append(f"{type(e).__name__}: {str(e)[:300]}\n{prog}")
             return
@@ -77,7 +80,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--merge", nargs="*")
+    ap.add_argument("--api", action="store_true")
     a = ap.parse_args()
+    global API
+    API = a.api
     if a.merge:
         data = {"stats": collections.Counter(), "found": collections.Counter(), "repro": {}, "errors": [],
                 "seconds": 0.0, "pipelines": set()}

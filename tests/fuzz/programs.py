@@ -95,7 +95,7 @@ class Program:
     tree: bool = False
     reverse_diff: bool = True   # False if it has a while_loop (no reverse-mode gradient)
     forward_diff: bool = True   # False if it has a custom_vjp (no forward mode either)
-    vmap: bool = True           # False if it has an ordered io_callback (JAX cannot vmap it)
+    vmap: bool = True           # False if it has an io_callback (JAX cannot vmap ordered ones, nor any in a cond)
     x64: bool = False           # traced and run under jax.enable_x64(True)
     extra: tuple = ()
     features: frozenset = frozenset()
@@ -390,8 +390,7 @@ class _Gen:
             return self.emit(lines, ind, f"jax.pure_callback(make_cb('{tag}', {k}), {sd}, {arg}, vmap_method='{vm}')",
                              x.shape, dtype=x.dtype)
         if kind in ("io", "oio"):
-            if kind == "oio":
-                self.vmap = False
+            self.vmap = False  # JAX: no vmap of an ordered io_callback, nor of any io_callback in a cond
             return self.emit(lines, ind, f"io_callback(make_cb('{tag}', {k}), {sd}, {arg}, "
                              f"ordered={kind == 'oio'})", x.shape, dtype=x.dtype)
         ordered = kind.startswith("o")
@@ -529,7 +528,7 @@ class _Gen:
                 lines.append(f"{bi}jax.debug.callback(make_dbg('{tag}'), {h}, ordered={kind == 'odbg'})")
             else:
                 self.features.add("callback:io_ordered" if kind == "oio" else "callback:io_unordered")
-                self.vmap = self.vmap and kind != "oio"
+                self.vmap = False
                 lines.append(f"{bi}{h} = {h} + 0.01 * io_callback(make_cb('{tag}', 1.0), "
                              f"jax.ShapeDtypeStruct({h}.shape, {h}.dtype), lax.stop_gradient({h}), "
                              f"ordered={kind == 'oio'})")
