@@ -519,7 +519,7 @@ class _Gen:
             step = f"0.5 * jnp.tanh({pre}) + 1.0"
         lines.append(f"{bi}{h} = {step}")
         if not self.pure_only and variant != "long" and self.pick(3) == 0:  # not 4096 host calls
-            kinds = ["dbg", "odbg", "io"] + ([] if variant == "vmap" or self.in_vmap else ["oio"])
+            kinds = ["dbg"] if variant == "vmap" or self.in_vmap else ["dbg", "odbg", "io", "oio"]
             kind = kinds[self.pick(len(kinds))]
             self.features.add("callback:in_body")
             tag = self.fresh(kind)
