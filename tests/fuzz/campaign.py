@@ -1,6 +1,6 @@
 """A fuzzing campaign outside pytest: count every mismatch instead of stopping at the first.
 
-    .venv/bin/python tests/fuzz/campaign.py --examples 300 --seed 1 --out /tmp/c1.json
+    .venv/bin/python tests/fuzz/campaign.py --examples 300 --seed 1 --budget 280 --out /tmp/c1.json
     .venv/bin/python tests/fuzz/campaign.py --merge /tmp/c*.json
 
 Each program is checked like in test_fuzz.py (every pipeline, the round trip, and
@@ -29,20 +29,29 @@ from fuzz.programs import programs  # noqa: E402
 API = False  # --api: every program also through optimize() (default: the x64 ones)
 
 
-def run(examples: int, s: int) -> dict:
+def run(examples: int, s: int, budget: float = float("inf"), out: str | None = None) -> dict:
+    """Up to `examples` programs from seed `s`, stopping after `budget` seconds; results saved to `out`
+    after every program (a chunk cut off by a time limit keeps what it did)."""
     found, repro, errors = collections.Counter(), {}, []
+    t0 = time.time()
+
+    def result():
+        return {"stats": dict(STATS), "found": dict(found), "repro": repro, "errors": errors,
+                "seconds": time.time() - t0, "pipelines": sorted(pipelines())}
 
     @seed(s)
     @settings(max_examples=examples, deadline=None, database=None, print_blob=False, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(programs())
     def one(prog):
+        if time.time() - t0 > budget:
+            return
         got = []
         try:
             check(prog, api=API or None, collect=got)
         except Exception as e:  # noqa: BLE001 - JAX itself rejects the program: a generator bug, counted
             errors.append(f"{type(e).__name__}: {str(e)[:300]}\n{prog}")
-            return
+            got = []
         if got:
             found["programs_with_mismatch"] += 1
         for key in {(e.kind, "/".join(e.who)) for e in got}:
@@ -52,11 +61,12 @@ def run(examples: int, s: int) -> dict:
             msg = next(str(e) for e in got if (e.kind, "/".join(e.who)) == key)
             if "|".join(key) not in repro or len(str(prog)) < len(repro["|".join(key)][0]):
                 repro["|".join(key)] = (str(prog), msg[:600])
+        if out:
+            with open(out, "w") as f:
+                json.dump(result(), f)
 
-    t0 = time.time()
     one()
-    return {"stats": dict(STATS), "found": dict(found), "repro": repro, "errors": errors,
-            "seconds": time.time() - t0, "pipelines": sorted(pipelines())}
+    return result()
 
 
 def show(data: dict) -> str:
@@ -81,6 +91,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--api", action="store_true")
+    ap.add_argument("--budget", type=float, default=float("inf"), help="seconds; stop generating after that")
     a = ap.parse_args()
     global API
     API = a.api
@@ -100,10 +111,7 @@ def main():
                     data["repro"][k] = v
         data["pipelines"] = sorted(data["pipelines"])
     else:
-        data = run(a.examples, a.seed)
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(data, f)
+        data = run(a.examples, a.seed, a.budget, a.out)
     print(show(data))
     for k, (src, msg) in sorted(data["repro"].items()):
         print(f"\n===== {k}\n{msg}\n{src}")

@@ -40,6 +40,7 @@ import numpy as np
 
 import jaxform
 from jaxform import _jax, passes
+from jaxform.ir import Graph
 from jaxform.optimize import PassError, run_passes, verify
 
 from fuzz import programs as _programs
@@ -83,8 +84,10 @@ def _param_ids(v, out):
         out.append(id(getattr(v, "callback_func", v)))
 
 
-def _key(closed):
-    """Identity of a program up to variable naming: text, constants, callables' identities, contexts."""
+def _key(closed, canonical: bool = True):
+    """Identity of a program up to variable naming: text, constants, callables' identities, contexts.
+    canonical: re-emit through Graph first (so that, e.g., an unread result printed `_` is no change)."""
+    closed = Graph.from_jaxpr(closed).to_jaxpr() if canonical else closed
     consts = tuple((np.shape(c), str(np.asarray(c).dtype), np.asarray(c).tobytes()) for c in closed.consts)
     return str(closed.jaxpr), consts, tuple(_ids(closed.jaxpr, []))
 
@@ -245,12 +248,14 @@ def _check(prog, names, api, collect):
     STATS["programs"] += 1
     for f in prog.features:
         STATS[f"has:{f}"] += 1
-    orig_key = _key(closed)
-    same = _key(outs["ROUNDTRIP"]) if "ROUNDTRIP" in outs else orig_key
     versions: dict = {}
+    rt = outs.get("ROUNDTRIP")
+    if rt is not None and _key(rt, canonical=False) != _key(closed, canonical=False):
+        versions[_key(rt)] = (rt, ["ROUNDTRIP"])
+    same = _key(rt) if rt is not None else None
     for name, out in outs.items():
         k = _key(out)
-        if (k != same or name == "ROUNDTRIP") and k != orig_key:
+        if name != "ROUNDTRIP" and k != same:
             versions.setdefault(k, (out, []))[1].append(name)
     changed = [n for _, who in versions.values() for n in who]
     if versions:
