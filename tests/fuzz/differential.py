@@ -1,28 +1,59 @@
 """Differential runner: every registered pass and the default pipeline on one program.
 
 For each pipeline: run it strictly (an exception fails the check), verify the
-emitted jaxpr (`check_jaxpr` + same signature), then compare with the
-original. Outputs are compared up to the Graph round trip (a pipeline whose
-output prints like the round-tripped original, constants included, changed
-nothing), pipelines with the same output share one comparison, and all
-distinct outputs are compared in ONE jitted probe computing, per version,
-values, derivatives (forward mode where the program has a while_loop, which
-has no reverse mode) and vmap over a stacked batch: compiling is the cost.
+emitted jaxpr (`check_jaxpr` + same signature, and the same output dtypes AND
+weak types), then compare with the original. The round trip alone
+(`ROUNDTRIP`, passes=[]) is compared too: bodies shared by printed text merged
+different callbacks there. A pipeline whose output equals the round trip's
+changed nothing; equality is printed text plus constants plus the *identity*
+of every callable in the params (callbacks, custom rules) and every
+equation's context (JAX prints distinct callbacks alike, and leaves out the
+context). All distinct outputs are compared in ONE jitted probe computing, per
+version, values, derivatives (forward mode where a while_loop forbids reverse
+mode; none where a custom_vjp also forbids forward mode) and vmap over a
+stacked batch: compiling is the cost.
+
+Programs with host callbacks are also run per version eagerly and under jit,
+recording every invocation: ordered io_callbacks and ordered debug
+callbacks/prints must come in the same sequence, unordered ones as the same
+multiset (JAX guarantees no order for them); pure_callbacks may be elided or
+repeated by JAX, so only their results are compared. Some programs (all
+x64 ones) also go through the user API: `jaxform.optimize(fn)` against
+`jax.jit(fn)`, with and without x64 on the same wrapper (its cache must key
+on the config), comparing values, dtypes and weak types.
+
+Tolerances follow the lowest precision in the program: float32 1e-5, float16
+1e-2, bfloat16 5e-2 (a reassociating pass must still stay close: an f16 sum
+that saturates at 2048 instead of ~5000 fails).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
+import io
+import re
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxform
 from jaxform import _jax, passes
 from jaxform.ir import Graph
 from jaxform.optimize import PassError, run_passes, verify
-from jaxform.testing import _close
 
-STATS: collections.Counter = collections.Counter()  # "programs", "<pipeline>:changed": for the report
+from fuzz import programs as _programs
+
+STATS: collections.Counter = collections.Counter()  # "programs", "<pipeline>:changed", "has:<feature>", ...
+
+
+class Mismatch(AssertionError):
+    """A pass (or the API) changed a program's results; `kind` says which check, `who` which pipelines."""
+
+    def __init__(self, kind: str, who: list[str], msg: str):
+        super().__init__(f"[{kind}] {'/'.join(who)}: {msg}")
+        self.kind, self.who = kind, list(who)
 
 
 def pipelines() -> dict[str, list[str]]:
@@ -32,14 +63,64 @@ def pipelines() -> dict[str, list[str]]:
     return out
 
 
-def _key(closed):
-    """Identity of a program up to variable naming: re-emit through Graph, print, hash constants."""
-    canon = Graph.from_jaxpr(closed).to_jaxpr()
-    consts = tuple((np.shape(c), str(np.asarray(c).dtype), np.asarray(c).tobytes()) for c in canon.consts)
-    return str(canon.jaxpr), consts
+def _ids(jaxpr, out: list) -> list:
+    """Identity of every callable in params (recursively, in equation order) and every equation context."""
+    for eqn in jaxpr.eqns:
+        out.append(repr(getattr(eqn, "ctx", None)))
+        for _, v in sorted(eqn.params.items()):
+            _param_ids(v, out)
+    return out
 
 
-def probe(versions, leaves, reverse: bool = True):
+def _param_ids(v, out):
+    if hasattr(v, "eqns"):
+        _ids(v, out)
+    elif hasattr(v, "jaxpr") and hasattr(v, "consts"):
+        _ids(v.jaxpr, out)
+    elif isinstance(v, (tuple, list)):
+        for x in v:
+            _param_ids(x, out)
+    elif callable(v) and not isinstance(v, type):
+        out.append(id(getattr(v, "callback_func", v)))
+
+
+def _key(closed, canonical: bool = True):
+    """Identity of a program up to variable naming: text, constants, callables' identities, contexts.
+    canonical: re-emit through Graph first (so that, e.g., an unread result printed `_` is no change)."""
+    closed = Graph.from_jaxpr(closed).to_jaxpr() if canonical else closed
+    consts = tuple((np.shape(c), str(np.asarray(c).dtype), np.asarray(c).tobytes()) for c in closed.consts)
+    return str(closed.jaxpr), consts, tuple(_ids(closed.jaxpr, []))
+
+
+def _tol(prog) -> tuple[float, float]:
+    if "bfloat16" in prog.features:
+        return 5e-2, 5e-2
+    if "float16" in prog.features:
+        return 1e-2, 1e-2
+    return 1e-5, 1e-5
+
+
+def _close(a, b, kind, who, what, tol):
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    if ta != tb:
+        raise Mismatch(kind, who, f"{what}: output structure differs: {ta} vs {tb}")
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            raise Mismatch(kind, who, f"{what}: {x.shape}/{x.dtype} vs {y.shape}/{y.dtype}")
+        try:
+            if np.issubdtype(x.dtype, np.inexact) or x.dtype.name == "bfloat16":
+                np.testing.assert_allclose(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64),
+                                           y.astype(np.complex128 if np.iscomplexobj(y) else np.float64),
+                                           rtol=tol[0], atol=tol[1], err_msg=what)
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=what)
+        except AssertionError as e:
+            raise Mismatch(kind, who, str(e)) from None
+
+
+def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True):
     """Per flat jaxpr in `versions`: (values, derivatives, vmapped values), all in one jit."""
     stacked = [jnp.stack([x, x * 0.5]) for x in leaves]
     tangents = tuple(jnp.ones_like(x) for x in leaves)
@@ -47,43 +128,164 @@ def probe(versions, leaves, reverse: bool = True):
 
     def one(closed, xs):
         f = lambda *a: _jax.eval_jaxpr(closed, *a)
-        loss = lambda *a: sum(jnp.sum(jnp.sin(o)) for o in f(*a) if jnp.issubdtype(o.dtype, jnp.floating))
+        loss = lambda *a: sum(jnp.sum(jnp.sin(jnp.asarray(o).astype(jnp.float32))) for o in f(*a)
+                              if jnp.issubdtype(jnp.result_type(o), jnp.floating))
         if not any(jnp.issubdtype(a.dtype, jnp.floating) for a in closed.out_avals):
             d = ()
         elif reverse:
             d = jax.grad(loss, argnums=argnums)(*xs)
-        else:
+        elif forward:
             d = jax.jvp(loss, tuple(xs), tangents)[1]
-        return f(*xs), d, jax.vmap(f)(*stacked)
+        else:
+            d = ()
+        return f(*xs), d, (jax.vmap(f)(*stacked) if vmap else ())
 
     return jax.jit(lambda *xs: [one(c, xs) for c in versions])(*leaves)
 
 
-def check(prog, names: dict[str, list[str]] | None = None) -> list[str]:
-    """Check `prog` (a fuzz Program) under each pipeline; return the names of those that changed it."""
-    names = pipelines() if names is None else names
+_NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf")
+
+
+def run_recording(closed, leaves, jit: bool):
+    """Run a flat jaxpr eagerly or under jit; return (outputs, [(tag, values)] of callbacks and prints)."""
+    _programs.CALLS.clear()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        f = lambda *a: _jax.eval_jaxpr(closed, *a)
+        out = jax.block_until_ready((jax.jit(f) if jit else f)(*leaves))
+        jax.effects_barrier()
+    calls = [(t, np.asarray(v, np.complex128 if np.iscomplexobj(v) else np.float64).reshape(-1))
+             for t, v in _programs.CALLS]
+    for line in buf.getvalue().splitlines():
+        tag, _, rest = line.partition(" ")
+        if "print" in tag:
+            calls.append((tag, np.array([float(m) for m in _NUM.findall(rest)])))
+    _programs.CALLS.clear()
+    return out, calls
+
+
+def _same_calls(want, got, who, what, tol):
+    """Ordered effects: the same sequence; unordered ones: the same multiset; pure_callbacks: not compared."""
+    ordered = lambda cs: [c for c in cs if c[0].startswith("o")]
+    unordered = lambda cs: [c for c in cs if not c[0].startswith(("o", "pure"))]
+    close = lambda a, b: a[0] == b[0] and a[1].shape == b[1].shape and np.allclose(a[1], b[1], *tol, equal_nan=True)
+    w, g = ordered(want), ordered(got)
+    if len(w) != len(g) or not all(close(a, b) for a, b in zip(w, g)):
+        raise Mismatch("callback_order", who, f"{what}: ordered callbacks/prints differ:\n  original "
+                       f"{[(t, v.tolist()) for t, v in w]}\n  transformed {[(t, v.tolist()) for t, v in g]}")
+    w, g = unordered(want), list(unordered(got))
+    for a in w:
+        j = next((j for j, b in enumerate(g) if close(a, b)), None)
+        if j is None:
+            raise Mismatch("callback_multiset", who, f"{what}: the original's call {a[0]}{a[1].tolist()} "
+                           f"is missing; original {sorted(t for t, _ in w)}, transformed {sorted(t for t, _ in got)}")
+        g.pop(j)
+    if g:
+        raise Mismatch("callback_multiset", who, f"{what}: extra calls {[(t, v.tolist()) for t, v in g]}")
+
+
+def _leaf_types(tree):
+    return [(str(np.asarray(x).dtype), getattr(x, "weak_type", None), type(x).__name__)
+            for x in jax.tree_util.tree_leaves(tree)]
+
+
+def check_api(prog, args, tol):
+    """`jaxform.optimize(fn)` vs `jax.jit(fn)` on the same wrapper, without and (x64 programs) with x64."""
+    opt = jaxform.optimize(prog.fn)
+    for x64 in ([False, True] if prog.x64 else [False]):
+        with jax.enable_x64(x64), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = jax.jit(prog.fn)(*args)
+            try:
+                got = opt(*args)
+            except Exception as e:  # noqa: BLE001 - jit ran it, optimize must too
+                raise Mismatch("api", ["optimize"], f"x64={x64}: jit ran it, optimize raised "
+                                                    f"{type(e).__name__}: {e}") from e
+            jax.effects_barrier()
+            _programs.CALLS.clear()
+            if _leaf_types(want) != _leaf_types(got):
+                raise Mismatch("api_dtype", ["optimize"], f"x64={x64}: output dtype/weak_type/type differ: "
+                                                          f"jit {_leaf_types(want)} vs optimize {_leaf_types(got)}")
+            _close(want, got, "api_values", ["optimize"], f"x64={x64}: optimize(f) vs jit(f)", tol)
+
+
+def check(prog, names: dict[str, list[str]] | None = None, api: bool | None = None,
+          collect: list | None = None) -> list[str]:
+    """Check `prog` (a fuzz Program) under each pipeline; return the names of those that changed it.
+
+    collect: append Mismatch errors there and go on (a campaign counting all mismatches) instead of raising.
+    """
+    with jax.enable_x64(prog.x64), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # jax.debug.print output is compared, not shown
+        return _check(prog, pipelines() if names is None else names,
+                      prog.x64 if api is None else api, collect)
+
+
+def _check(prog, names, api, collect):
+    def fail(e: Mismatch):
+        if collect is None:
+            raise AssertionError(f"{e}\n--- program ---\n{prog}") from e
+        collect.append(e)
+
+    tol = _tol(prog)
     args = prog.args()
     leaves = jax.tree_util.tree_leaves(args)
     closed = jax.make_jaxpr(prog.fn)(*args)
-    same = _key(closed)
-    versions: dict = {}
-    for name, pipeline in names.items():
+    _programs.CALLS.clear()
+    want_types = [(a.dtype, a.weak_type) for a in closed.out_avals]
+    outs = {}
+    for name, pipeline in {"ROUNDTRIP": [], **names}.items():
         try:
             out = run_passes(closed, pipeline, strict=True)
             verify(out, closed)
         except (PassError, TypeError, _jax.JaxprTypeError) as e:
-            raise AssertionError(f"{name} failed on this program:\n{prog}\n{type(e).__name__}: {e}") from e
-        k = _key(out)
-        if k != same:
-            versions.setdefault(k, (out, []))[1].append(name)
+            fail(Mismatch("crash", [name], f"{type(e).__name__}: {e}"))
+            continue
+        got_types = [(a.dtype, a.weak_type) for a in out.out_avals]
+        if got_types != want_types:
+            fail(Mismatch("dtype_weak_type", [name], f"output (dtype, weak_type) {want_types} -> {got_types}"))
+        outs[name] = out
     STATS["programs"] += 1
-    if not versions:
-        return []
-    want, *got = probe([closed] + [out for out, _ in versions.values()], leaves, prog.reverse_diff)
-    changed = []
-    for g, (_, who) in zip(got, versions.values()):
-        _close(want, g, f"{'/'.join(who)} changed the results of this program:\n{prog}\n(values, derivatives, vmap)")
-        changed += who
+    for f in prog.features:
+        STATS[f"has:{f}"] += 1
+    versions: dict = {}
+    rt = outs.get("ROUNDTRIP")
+    if rt is not None and _key(rt, canonical=False) != _key(closed, canonical=False):
+        versions[_key(rt)] = (rt, ["ROUNDTRIP"])
+    same = _key(rt) if rt is not None else None
+    for name, out in outs.items():
+        k = _key(out)
+        if name != "ROUNDTRIP" and k != same:
+            versions.setdefault(k, (out, []))[1].append(name)
+    changed = [n for _, who in versions.values() for n in who]
+    if versions:
+        want, *got = probe([closed] + [out for out, _ in versions.values()], leaves, prog.reverse_diff,
+                           prog.forward_diff, prog.vmap)
+        for g, (_, who) in zip(got, versions.values()):
+            try:
+                _close(want, g, "values", who, "values, derivatives, vmap (jit)", tol)
+            except Mismatch as e:
+                fail(e)
+        if prog.effects:
+            for jit in (False, True):
+                w_out, w_calls = run_recording(closed, leaves, jit)
+                for out, who in versions.values():
+                    g_out, g_calls = run_recording(out, leaves, jit)
+                    what = "under jit" if jit else "eagerly"
+                    try:
+                        _close(w_out, g_out, "values", who, f"values {what}", tol)
+                        _same_calls(w_calls, g_calls, who, what, tol)
+                    except Mismatch as e:
+                        fail(e)
+    if api:
+        STATS["api"] += 1
+        try:
+            check_api(prog, args, tol)
+        except Mismatch as e:
+            fail(e)
     for name in changed:
-        STATS[f"{name}:changed"] += 1
-    return changed
+        if name != "ROUNDTRIP":
+            STATS[f"{name}:changed"] += 1
+            for f in prog.features:
+                STATS[f"{f}|{name}:changed"] += 1
+    return [n for n in changed if n != "ROUNDTRIP"]

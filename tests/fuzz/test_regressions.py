@@ -39,6 +39,15 @@ REGRESSIONS = {
     v10 = lax.cond(jnp.sum(x0) > 0, branch1, branch3, x0)
     return v10
 ''', ((3,),)),
+    # cse merged two stateful lax.rng_uniform draws (u4 == u5, so the where flipped every sign); found by the
+    # issue-15 generator before the fix (issue 15 finding 4). Fix: impure primitives are never merged.
+    "cse_rng_uniform_pair": Program('''def f(x0, t):
+    x1 = t['a']
+    u4 = lax.rng_uniform(0.0, 1.0, (3, 3))
+    u5 = lax.rng_uniform(0.0, 1.0, (3, 3))
+    v6 = jnp.where(u4 != u5, x1, -x1)
+    return {'out': v6, 'aux': (v6, x1,)}
+''', ((), (3, 3)), True),
 }
 
 
