@@ -878,6 +878,8 @@ def setitem(x, idx, v):
   """x[idx] = v; on a JAX array this is x.at[idx].set(v) and the caller rebinds x."""
   if isinstance(x, jax.Array):
     return x.at[idx].set(v)
+  if type(x) in (list, dict) and _DEPTH[0]:  # tracing a traced branch: never mutate (see append)
+    x = x.copy()
   x[idx] = v
   return x
 
@@ -887,6 +889,8 @@ def setitem_op(x, idx, op: str, v):
   if isinstance(x, jax.Array):
     m = _AT.get(op)
     return getattr(x.at[idx], m)(v) if m else x.at[idx].set(_OPS[op](x[idx], v))
+  if type(x) in (list, dict) and _DEPTH[0]:
+    x = x.copy()
   x[idx] = _IOPS[op](x[idx], v)
   return x
 
