@@ -249,7 +249,8 @@ def run(n: int, seed: int = 0, modes=('eager', 'python', 'lax'), verbose: bool =
   collect()
   bad = []
   for i, body in enumerate(bodies):
-    err = check(body, f'{seed}_{i}', seed * 100003 + i, modes)
+    ms = modes if modes != 'alternate' else ('eager', ('python', 'lax')[i % 2])
+    err = check(body, f'{seed}_{i}', seed * 100003 + i, ms)
     if err:
       bad.append((body, err))
       if verbose:
@@ -262,5 +263,6 @@ def run(n: int, seed: int = 0, modes=('eager', 'python', 'lax'), verbose: bool =
 if __name__ == '__main__':
   n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
   seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-  count, bad = run(n, seed)
+  modes = ('eager', 'python', 'lax') if len(sys.argv) <= 3 or sys.argv[3] != 'alternate' else 'alternate'
+  count, bad = run(n, seed, modes)
   print(f'AutoGraph fuzz: {count} programs (seed {seed}), {len(bad)} mismatches')
