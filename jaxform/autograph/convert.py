@@ -549,7 +549,7 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
   source cannot be read is returned as None instead of raising."""
   if static_range not in ('python', 'lax'):
     raise ValueError("static_range must be 'python' or 'lax'")
-  key = (fn.__code__, recursive, static_range)
+  key = (fn.__code__, fn.__code__.co_filename, recursive, static_range)  # equal code in two files: two entries
   code = _CACHE.get(key)
   if code is None:
     try:

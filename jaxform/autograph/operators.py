@@ -417,7 +417,7 @@ def while_stmt(test: Callable, body: Callable, get_state: Callable, set_state: C
 
 def _collected(info: Info, state) -> list:
   """Indices of the lists this loop appends to (they become stacked outputs)."""
-  return [i for i, n in enumerate(info.names) if n in info.appends and isinstance(state[i], list)]
+  return [i for i, n in enumerate(info.names) if n in info.appends and isinstance(state[i], (list, _Collect))]
 
 
 def _no_collect(info: Info, state, why: str):
@@ -649,9 +649,12 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
   if coll:  # Python semantics: the list object itself grows by n * (appends per iteration) elements
     st = list(get_state())
     for k, per_iter in zip(coll, stacked):
-      lst = init[k]
-      lst.extend(jax.tree_util.tree_map(lambda a: a[t], item) for t in range(n) for item in per_iter)
-      st[k] = lst
+      new = [jax.tree_util.tree_map(lambda a: a[t], item) for t in range(n) for item in per_iter]
+      if isinstance(init[k], _Collect):  # a loop nested in a collecting loop: its rows join the outer's
+        st[k] = _Collect(init[k].name, init[k].items + new)
+      else:
+        init[k].extend(new)
+        st[k] = init[k]
     set_state(tuple(st))
 
 

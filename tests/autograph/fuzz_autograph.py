@@ -10,7 +10,7 @@ of items, annotated assignments, builtin min/max/abs/sum, list.append in traced 
 Oracle: the unconverted function on NumPy float32 values. Checked: autograph(f) eagerly on
 concrete JAX arrays, and jax.jit(autograph(f)) with static_range='python' and 'lax'.
 
-    .venv/bin/python tests/autograph/fuzz_autograph.py 2000     # offline run; prints a report
+    .venv/bin/python tests/autograph/fuzz_autograph.py 2000 SEED   # offline run (batched); prints a report
 The CI share is tests/autograph/test_autograph_fuzz.py (fixed seed, a few dozen programs).
 """
 from __future__ import annotations
@@ -51,6 +51,7 @@ class _Gen:
     return self.draw(st.sampled_from(xs))
 
   def idx(self, loop_vars):
+    loop_vars = [v for v in loop_vars if v != 'r']  # r is an element of x, not an index
     opts = [str(i) for i in range(N)] + [f'-{i}' for i in range(1, 3)]
     opts += [f'{v}' for v in loop_vars] + [f'({v} + 1) % {N}' for v in loop_vars]
     return self.pick(opts)
@@ -94,10 +95,10 @@ class _Gen:
     opts = ['assign', 'assign', 'item', 'augitem', 'swap', 'ann', 'count']
     if depth < 2:
       opts += ['if', 'if', 'for_static', 'for_enum', 'for_traced', 'while']
-    if loops:
+    if loops and loops[-1] == 'jump':  # a collecting loop has a static trip count: no jumps
       opts += ['break', 'continue']
-      if loops[-1] == 'collect':
-        opts += ['append', 'append']
+    if loops and loops[-1] == 'collect':  # appends only at a collecting loop's top level
+      opts += ['append', 'append']
     if depth == 0:
       opts += ['early_return', 'recur']
     k = self.pick(opts)
@@ -118,6 +119,8 @@ class _Gen:
       self.emit(ind, f'v{self.n_idx}: float = {e()}')
       self.emit(ind, f't = t + v{self.n_idx} * 0.5')
     elif k == 'if':
+      if loops and loops[-1] == 'collect':  # no append under a traced condition
+        loops = loops[:-1] + ['collect-if']
       self.emit(ind, f'if {self.cond(loop_vars)}:')
       self.block(ind + 1, loops, loop_vars, depth + 1, budget)
       if self.draw(st.booleans()):
@@ -234,6 +237,60 @@ def check(body: str, tag: str, seed: int, modes=('eager', 'python', 'lax')) -> s
   return None
 
 
+def check_batch(bodies: list, tag: str, seed: int, mode: str) -> list | None:
+  """Many programs under one jit (one XLA compile amortizes its fixed cost): None when all
+  match, else the indices to re-check one by one."""
+  fns = [load(b, f'{tag}_{i}') for i, b in enumerate(bodies)]
+  x, s, k = inputs(seed)
+  wants = []
+  for fn in fns:
+    try:
+      wants.append(fn(x.copy(), s, int(k)))
+    except (RecursionError, ZeroDivisionError, OverflowError, FloatingPointError):
+      wants.append(None)
+  conv = [autograph(fn, recursive=True, static_range='python' if mode == 'eager' else mode) for fn in fns]
+  args = (jnp.asarray(x), jnp.asarray(s), jnp.asarray(k))
+  try:
+    if mode == 'eager':
+      gots = [c(*args) for c in conv]
+    else:
+      gots = jax.jit(lambda *a: [c(*a) for c in conv])(*args)
+  except Exception:
+    return list(range(len(bodies)))
+  return [i for i, (g, w) in enumerate(zip(gots, wants)) if w is not None and not _close(g, w)] or None
+
+
+def run_batched(n: int, seed: int = 0, batch: int = 20, verbose: bool = True):
+  """Offline mode: programs checked in batches per mode; a failing batch is re-checked per
+  program (check) so each mismatch is reported with its source."""
+  from hypothesis import HealthCheck, given, settings
+  from hypothesis import seed as hseed
+  bodies = []
+
+  @hseed(seed)
+  @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+  @given(programs())
+  def collect(body):
+    bodies.append(body)
+  collect()
+  bad = []
+  for b0 in range(0, len(bodies), batch):
+    chunk = bodies[b0:b0 + batch]
+    suspects = set()
+    for mode in ('eager', 'python', 'lax'):
+      suspects |= set(check_batch(chunk, f'{seed}_b{b0}', seed * 100003 + b0, mode) or [])
+    for i in sorted(suspects):  # same inputs as the batch
+      body = chunk[i]
+      err = check(body, f'{seed}_r{b0 + i}', seed * 100003 + b0)
+      if err:
+        bad.append((body, err))
+        if verbose:
+          print(f'--- mismatch #{len(bad)} (program {b0 + i}) ---\ndef prog(x, s, k):\n{body}\n{err}', flush=True)
+    if verbose:
+      print(f'{min(b0 + batch, len(bodies))} programs, {len(bad)} mismatches', flush=True)
+  return len(bodies), bad
+
+
 def run(n: int, seed: int = 0, modes=('eager', 'python', 'lax'), verbose: bool = True):
   """Draw n programs deterministically from `seed`; returns (count, mismatches)."""
   from hypothesis import HealthCheck, given, settings
@@ -263,6 +320,5 @@ def run(n: int, seed: int = 0, modes=('eager', 'python', 'lax'), verbose: bool =
 if __name__ == '__main__':
   n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
   seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-  modes = ('eager', 'python', 'lax') if len(sys.argv) <= 3 or sys.argv[3] != 'alternate' else 'alternate'
-  count, bad = run(n, seed, modes)
+  count, bad = run_batched(n, seed)
   print(f'AutoGraph fuzz: {count} programs (seed {seed}), {len(bad)} mismatches')

@@ -258,3 +258,16 @@ def test_conversion_failure_is_autograph_error_at_user_line(monkeypatch):
   with pytest.raises(AutographError, match=r"autograph cannot convert annotated \(KeyError: 'fact'\)(.|\n)*test_autograph_idioms.py:\d+"):
     autograph(annotated)
   convert._CACHE.clear()
+
+
+def collect_nested(x):
+  ys = []
+  for r in x:
+    ys.append(r)
+    for q in x:  # a traced loop inside a collecting loop: its rows join the outer list
+      ys.append(q * r)
+  return jnp.stack(ys)
+
+
+def test_append_in_nested_traced_loops():
+  _check(collect_nested, X[:3])
