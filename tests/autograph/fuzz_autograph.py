@@ -45,7 +45,7 @@ class _Gen:
   """Draws one program; `loops` tracks the enclosing loops (for break/continue/append)."""
 
   def __init__(self, draw):
-    self.draw, self.lines, self.n_idx, self.appends = draw, [], 0, False
+    self.draw, self.lines, self.n_idx, self.appends, self.returned = draw, [], 0, False, False
 
   def pick(self, xs):
     return self.draw(st.sampled_from(xs))
@@ -134,7 +134,10 @@ class _Gen:
       i = f'i{self.n_idx}'
       # a loop either collects (appends at its top level; no break/continue, static trip count)
       # or may jump
-      collect = k in ('for_static', 'for_enum') and self.draw(st.integers(0, 2)) == 0
+      # (only at the top level, before any early return: appends under a traced `if` -- also the
+      # `if not returned` guard after an early return -- would make the length traced)
+      collect = k in ('for_static', 'for_enum') and depth == 0 and not self.returned and \
+          self.draw(st.integers(0, 1)) == 0
       if k == 'for_static':
         self.emit(ind, f'for {i} in range({self.pick([N, 3, f"1, {N}", f"{N - 1}, -1, -1"])}):')
         lv = loop_vars + [i]
@@ -162,6 +165,7 @@ class _Gen:
       self.emit(ind, f'if {self.cond(loop_vars)}:')
       self.emit(ind + 1, k)
     elif k == 'early_return':
+      self.returned = True
       self.emit(ind, f'if {self.cond(loop_vars)}:')
       self.emit(ind + 1, 'return ' + self.ret())
     elif k == 'recur':

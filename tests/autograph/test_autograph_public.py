@@ -143,7 +143,7 @@ def euclidean(a, b):
 # ---- sorting (tuple swaps on array items) ---------------------------------------------------
 
 # odp31/sorting-algorithms  python/bubbleSort.py   (one-line change: `return arr`)
-@program(VEC)
+@program(VEC[:6])
 def bubble_sort(arr):
   n = len(arr)
   for i in range(n):
@@ -154,7 +154,7 @@ def bubble_sort(arr):
 
 
 # nexttrack07/sorting  bubble_sort.py   (one-line change: `return arr`)
-@program(VEC)
+@program(VEC[:6])
 def bubble_sort2(arr):  # named bubble_sort there
     # takes an array and sorts it in place
     # Time: O(n²) and Space: O(1)
@@ -171,7 +171,7 @@ def bubble_sort2(arr):  # named bubble_sort there
 
 
 # aneels3/Algorithm  selection_sort.py   (one-line change: `return arr`)
-@program(VEC)
+@program(VEC[:6])
 def selectionSort(arr):
     # Traverse through all array elements
     for i in range(len(arr)):
@@ -190,7 +190,7 @@ def selectionSort(arr):
 
 
 # MimiRandomS/ALDA_algorithm_analysis  algorithms/insertion_sort.py   (one-line change: `return arr`)
-@program(VEC)
+@program(VEC[:6])
 def insertion_sort(arr):
     n = len(arr)                        # O(1) # Assignation
     for i in range(1 , n):              # O(n) loop for in list
@@ -206,7 +206,7 @@ def insertion_sort(arr):
 # ---- dynamic programming --------------------------------------------------------------------
 
 # sarangan/leet-code  053-Maximum-Subarray.md   (Kadane; builtin max on traced values)
-@program(VEC)
+@program(VEC[:6])
 def max_subarray(A):
     max_ending_here = max_so_far = A[0]
     for x in A[1:]:
