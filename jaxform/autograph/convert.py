@@ -500,7 +500,13 @@ def _parse(fn: types.FunctionType) -> ast.FunctionDef:
     try:
       tree = ast.parse(src)
     except SyntaxError:
-      tree = ast.parse('(' + src.strip().rstrip(',') + ')') if src.strip() else None
+      try:
+        tree = ast.parse('(' + src.strip().rstrip(',') + ')') if src.strip() else None
+      except SyntaxError:  # a lambda inside a statement header (`for f in (lambda x: ...,):`)
+        tree = None
+    if tree is None:
+      raise AutographError(f'cannot read the source of the lambda at {fn.__code__.co_filename}:{first} '
+                           f'(it is part of a larger statement); use a def function')
     argnames = list(fn.__code__.co_varnames[:fn.__code__.co_argcount])
     lams = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and [a.arg for a in n.args.args] == argnames]
     if len(lams) != 1:

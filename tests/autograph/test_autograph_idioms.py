@@ -271,3 +271,23 @@ def collect_nested(x):
 
 def test_append_in_nested_traced_loops():
   _check(collect_nested, X[:3])
+
+
+def collect0(x):
+  return collect(x)[0]
+
+
+def swap0(x):
+  return swaps(x, 0, 4)[0]
+
+
+def builtins1(x):
+  return builtins_(x, x[2])
+
+
+def test_new_idioms_under_vmap():
+  xs = np.stack([X, X[::-1] * 0.5, -X]).astype(np.float32)
+  for fn in (weighted, collect0, swap0, builtins1):
+    got = jax.vmap(autograph(fn, recursive=True))(jnp.asarray(xs))
+    for k in range(len(xs)):
+      _close(got[k], fn(xs[k].copy()))
