@@ -90,7 +90,18 @@ class _SetItem(ast.NodeTransformer):
   `y: T = v` becomes `y = v` (an annotated name cannot be `nonlocal` state)."""
 
   def __init__(self, fresh: Callable[[str], str]):
-    self.fresh = fresh
+    self.fresh, self.locals = fresh, [set()]
+
+  def visit_FunctionDef(self, node):  # `ys.append` is rebound only where ys is a local (a
+    a = node.args                     # global / closure list would become an unbound local)
+    decl = {x for n in walk_scope(node) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+    params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs} | {x.arg for x in (a.vararg, a.kwarg) if x}
+    self.locals.append((writes(node.body) | params) - decl)
+    self.generic_visit(node)
+    self.locals.pop()
+    return node
+
+  visit_AsyncFunctionDef = visit_FunctionDef
 
   def visit_ClassDef(self, node):  # class-level annotations are fields (dataclasses): keep them
     for i, m in enumerate(node.body):
@@ -108,7 +119,7 @@ class _SetItem(ast.NodeTransformer):
     c = node.value
     if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == 'append' and \
         isinstance(c.func.value, ast.Name) and len(c.args) == 1 and not c.keywords and \
-        not isinstance(c.args[0], ast.Starred):
+        not isinstance(c.args[0], ast.Starred) and c.func.value.id in self.locals[-1]:
       n = c.func.value.id
       out = ast.copy_location(_assign(n, _call('append', _name(n), c.args[0])), node)
       out.ag_append = n

@@ -291,3 +291,25 @@ def test_new_idioms_under_vmap():
     got = jax.vmap(autograph(fn, recursive=True))(jnp.asarray(xs))
     for k in range(len(xs)):
       _close(got[k], fn(xs[k].copy()))
+
+
+LOG = []
+
+
+def append_nonlocal(x):
+  LOG.append(1)  # a global list: not rebound (it would become an unbound local)
+  out = []
+
+  def g():
+    out.append(2)  # a closure's list: mutated in place, as in Python
+  g()
+  for r in x:
+    out.append(r)
+  return out
+
+
+def test_append_to_global_and_closure_lists():
+  LOG.clear()
+  got = jax.jit(autograph(append_nonlocal))(jnp.asarray(X[:2]))
+  _close(got, append_nonlocal(X[:2]))
+  assert LOG == [1, 1]
