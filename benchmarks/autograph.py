@@ -5,6 +5,8 @@ N after warmup, target <= 1.05x), XLA temp memory of both, and the conversion ti
 (AST pass + compile, cache cleared, min of 5; target <= 20 ms).
 
     .venv/bin/python benchmarks/autograph.py
+
+Second table: compile-time gain of static_range='lax' on public programs with static loops.
 """
 import time
 
@@ -131,6 +133,53 @@ def _conversion_ms(fn, reps=5):
   return best * 1e3
 
 
+def _compile_s(fn, args, static, reps=2):
+  """Trace + lower + XLA compile of jit(fn), min over reps (caches cleared between)."""
+  best = float('inf')
+  for _ in range(reps):
+    jax.clear_caches()
+    _convert._CACHE.clear()
+    t = time.perf_counter()
+    jax.jit(fn, static_argnums=static).lower(*args).compile()
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def static_range_gain():
+  """Public programs (tests/autograph/test_autograph_public.py, sources cited there) whose loops
+  run over static ranges: compile time and runtime with the loops unrolled (static_range=
+  'python', the default) vs turned into lax.scan / while_loop (static_range='lax')."""
+  import os
+  import sys
+  import numpy as np
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests', 'autograph'))
+  import test_autograph_public as pub
+  r = np.random.RandomState(0)
+  v16 = jnp.asarray(r.randn(16).astype(np.float32))
+  coeffs = tuple(float(c) for c in r.randn(64))
+  t = jnp.linspace(0, 2, 100)
+  cases = [
+      ('bubble_sort n=16', pub.bubble_sort, (v16,), ()),
+      ('selectionSort n=16', pub.selectionSort, (v16,), ()),
+      ('insertion_sort n=16', pub.insertion_sort, (v16,), ()),
+      ('horner 64 coeffs', pub.horner, (jnp.float32(0.7), coeffs), (1,)),
+      ('explicit_euler n=100', pub.explicit_euler, (pub.f_decay, t, jnp.ones(100), 0.02, 100), (0, 4)),
+      ('midpoint n=400', lambda a: pub.midpoint(lambda y: jnp.exp(-a * y * y), 0.0, 2.0, 400), (jnp.float32(1.0),), ()),
+  ]
+  print(f'\n{"static range program":22s} {"compile py":>11s} {"compile lax":>11s} {"gain":>6s} '
+        f'{"run py":>9s} {"run lax":>9s}')
+  for name, fn, args, static in cases:
+    fp, fl = autograph(fn), autograph(fn, static_range='lax')
+    for a, b in zip(jax.tree_util.tree_leaves(jax.jit(fp, static_argnums=static)(*args)),
+                    jax.tree_util.tree_leaves(jax.jit(fl, static_argnums=static)(*args))):
+      assert jnp.allclose(a, b, rtol=1e-4, atol=1e-4), name
+    cp, cl = _compile_s(fp, args, static), _compile_s(fl, args, static)
+    dyn = [i for i in range(len(args)) if i not in static]
+    bind = lambda f: (lambda *d: f(*[d[dyn.index(i)] if i in dyn else args[i] for i in range(len(args))]))
+    (tp, tl), _ = _time_pair(bind(fp), bind(fl), [args[i] for i in dyn], budget=0.2)
+    print(f'{name:22s} {cp * 1e3:9.0f}ms {cl * 1e3:9.0f}ms {cp / cl:5.1f}x {tp * 1e6:7.1f}us {tl * 1e6:7.1f}us')
+
+
 def main():
   k = jax.random.split(jax.random.key(0), 4)
   x = jax.random.normal(k[0], (D,))
@@ -165,3 +214,4 @@ def main():
 
 if __name__ == '__main__':
   main()
+  static_range_gain()

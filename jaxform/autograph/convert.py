@@ -22,7 +22,7 @@ import textwrap
 import types
 from typing import Callable
 
-from . import operators
+from . import operators, recursion
 from .analysis import Liveness, walk_scope, nested_reads, writes
 from .errors import AutographError
 
@@ -76,9 +76,55 @@ def _located(nodes: list, src: ast.AST) -> list:
 
 # ---- 1. item assignment ------------------------------------------------------------
 
+def _leaves(t: ast.expr) -> list:
+  """Assignment target leaves in Python's left-to-right assignment order."""
+  if isinstance(t, (ast.Tuple, ast.List)):
+    return [x for e in t.elts for x in _leaves(e)]
+  return _leaves(t.value) if isinstance(t, ast.Starred) else [t]
+
+
 class _SetItem(ast.NodeTransformer):
   """Item assignment becomes rebinding; `del name` becomes `name = Undefined` (the name may
-  be part of a converted statement's state, which must stay readable)."""
+  be part of a converted statement's state, which must stay readable); `ys.append(v)`
+  becomes `ys = ag__.append(ys, v)` (so a traced loop can turn it into a stacked output);
+  `y: T = v` becomes `y = v` (an annotated name cannot be `nonlocal` state)."""
+
+  def __init__(self, fresh: Callable[[str], str]):
+    self.fresh, self.locals = fresh, [set()]
+
+  def visit_FunctionDef(self, node):  # `ys.append` is rebound only where ys is a local (a
+    a = node.args                     # global / closure list would become an unbound local)
+    decl = {x for n in walk_scope(node) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+    params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs} | {x.arg for x in (a.vararg, a.kwarg) if x}
+    self.locals.append((writes(node.body) | params) - decl)
+    self.generic_visit(node)
+    self.locals.pop()
+    return node
+
+  visit_AsyncFunctionDef = visit_FunctionDef
+
+  def visit_ClassDef(self, node):  # class-level annotations are fields (dataclasses): keep them
+    for i, m in enumerate(node.body):
+      node.body[i] = m if isinstance(m, ast.AnnAssign) else self.visit(m)
+    node.body = [x for m in node.body for x in (m if isinstance(m, list) else [m])]
+    return node
+
+  def visit_AnnAssign(self, node):
+    if node.value is None:
+      return ast.copy_location(ast.Pass(), node)
+    return self.visit(ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node))
+
+  def visit_Expr(self, node):
+    self.generic_visit(node)
+    c = node.value
+    if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == 'append' and \
+        isinstance(c.func.value, ast.Name) and len(c.args) == 1 and not c.keywords and \
+        not isinstance(c.args[0], ast.Starred) and c.func.value.id in self.locals[-1]:
+      n = c.func.value.id
+      out = ast.copy_location(_assign(n, _call('append', _name(n), c.args[0])), node)
+      out.ag_append = n
+      return out
+    return node
 
   def visit_Delete(self, node):
     if all(isinstance(t, ast.Name) for t in node.targets):
@@ -95,7 +141,30 @@ class _SetItem(ast.NodeTransformer):
     self.generic_visit(node)
     if len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
       return ast.copy_location(self._assign(node.targets[0], node.value), node)
-    return node
+    if not any(isinstance(x, ast.Subscript) for t in node.targets for x in _leaves(t)):
+      return node
+    # `a[i], a[j] = a[j], a[i]` / `a = b[i] = v`: evaluate the right side once (a snapshot),
+    # unpack it into temporaries, then assign the targets one by one, left to right, as Python does
+    tmp = self.fresh('ag__rhs')
+    out = [_assign(tmp, node.value)]
+    for t in node.targets:
+      if isinstance(t, (ast.Tuple, ast.List)):
+        temps = {}
+
+        def rename(e):
+          if isinstance(e, (ast.Tuple, ast.List)):
+            return ast.Tuple(elts=[rename(x) for x in e.elts], ctx=ast.Store())
+          if isinstance(e, ast.Starred):
+            return ast.Starred(value=rename(e.value), ctx=ast.Store())
+          temps[id(e)] = self.fresh('ag__elt')
+          return _name(temps[id(e)], True)
+        out.append(ast.Assign(targets=[rename(t)], value=_name(tmp)))
+        pairs = [(x, _name(temps[id(x)])) for x in _leaves(t)]
+      else:
+        pairs = [(t, _name(tmp))]
+      for x, v in pairs:
+        out.append(self._assign(x, v) if isinstance(x, ast.Subscript) else ast.Assign(targets=[x], value=v))
+    return [ast.copy_location(o, node) for o in out]
 
   def visit_AugAssign(self, node):
     self.generic_visit(node)
@@ -282,8 +351,10 @@ class _Converter:
     kind = {ast.If: 'if', ast.For: 'for', ast.While: 'while'}[type(s)]
     zero_ok = (self.scopes[-1].ret[1],) if self.scopes[-1].ret else ()
     stop = tuple(getattr(s, 'ag_stop', ()))
+    appends = tuple(sorted({n.ag_append for n in walk_scope(s) if getattr(n, 'ag_append', None)})) \
+        if kind != 'if' else ()
     return _const((kind, self.filename, s.lineno, tuple(names), tuple(live), tuple(head), tuple(entry), flags,
-                   zero_ok, stop))
+                   zero_ok, stop, appends))
 
   def iter_expr(self, e: ast.expr) -> ast.expr:
     """range/enumerate/zip in a `for` header -> ag__ versions that see traced arguments."""
@@ -364,9 +435,23 @@ class _Converter:
 
 # ---- 5. expressions ------------------------------------------------------------------
 
+_BUILTINS = ('min', 'max', 'abs', 'sum', 'len', 'range')
+
+
 class _Exprs(ast.NodeTransformer):
-  def __init__(self, recursive: bool, opts: tuple):
-    self.recursive, self.opts = recursive, opts
+  def __init__(self, recursive: bool, opts: tuple, filename: str):
+    self.recursive, self.opts, self.filename = recursive, opts, filename
+
+  def _where(self, node) -> ast.expr:
+    return _const((self.filename, node.lineno))
+
+  def visit_Subscript(self, node):
+    """`xs[i]` with a non-constant index -> ag__.getitem: a Python list/tuple indexed by a
+    traced loop index is stacked (arrays) or switched over (callables) at run time."""
+    self.generic_visit(node)
+    if isinstance(node.ctx, ast.Load) and not isinstance(node.slice, (ast.Constant, ast.Slice, ast.Tuple)):
+      return ast.copy_location(_call('getitem', node.value, node.slice, self._where(node)), node)
+    return node
 
   def visit_BoolOp(self, node):
     self.generic_visit(node)
@@ -403,6 +488,9 @@ class _Exprs(ast.NodeTransformer):
   def visit_Call(self, node):
     self.generic_visit(node)
     f = node.func
+    if isinstance(f, ast.Name) and f.id in _BUILTINS and not any(isinstance(a, ast.Starred) for a in node.args):
+      return ast.copy_location(ast.Call(func=_ag('builtin'), args=[f, ast.Constant(f.id), self._where(node)] + node.args,
+                                        keywords=node.keywords), node)
     if not self.recursive or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == 'ag__') \
         or (isinstance(f, ast.Name) and f.id == 'super'):
       return node
@@ -423,7 +511,13 @@ def _parse(fn: types.FunctionType) -> ast.FunctionDef:
     try:
       tree = ast.parse(src)
     except SyntaxError:
-      tree = ast.parse('(' + src.strip().rstrip(',') + ')') if src.strip() else None
+      try:
+        tree = ast.parse('(' + src.strip().rstrip(',') + ')') if src.strip() else None
+      except SyntaxError:  # a lambda inside a statement header (`for f in (lambda x: ...,):`)
+        tree = None
+    if tree is None:
+      raise AutographError(f'cannot read the source of the lambda at {fn.__code__.co_filename}:{first} '
+                           f'(it is part of a larger statement); use a def function')
     argnames = list(fn.__code__.co_varnames[:fn.__code__.co_argcount])
     lams = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and [a.arg for a in n.args.args] == argnames]
     if len(lams) != 1:
@@ -444,6 +538,27 @@ def _parse(fn: types.FunctionType) -> ast.FunctionDef:
   return node
 
 
+def _transform(node: ast.FunctionDef, fn: types.FunctionType, filename: str, recursive: bool,
+               static_range: str) -> types.CodeType:
+  cv = _Converter(filename, recursive, static_range)
+  recursion.rewrite(node, filename)
+  _SetItem(cv.fresh).visit(node)
+  cv.function(node)
+  _Exprs(recursive, (recursive, static_range), filename).visit(node)
+  free = [v for v in fn.__code__.co_freevars if v not in ('ag__', 'ag__self')]  # fn may itself be converted code
+  node.name = 'ag__fn'  # not the user's name: a self-call must resolve as in the original (global / cell)
+  factory = ast.FunctionDef(
+      name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__', 'ag__self'] + free],
+                                             vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+      body=[node, ast.Return(value=_name(node.name))], decorator_list=[], returns=None)
+  mod = ast.Module(body=[_located([factory], node)[0]], type_ignores=[])
+  ast.fix_missing_locations(mod)
+  outer = compile(mod, filename, 'exec')
+  fcode = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+  code = next(c for c in fcode.co_consts if isinstance(c, types.CodeType) and c.co_name == node.name)
+  return code.replace(co_name=fn.__code__.co_name)
+
+
 def convert(fn: types.FunctionType, recursive: bool = False, static_range: str = 'python',
             strict: bool = True) -> types.FunctionType | None:
   """Returns the converted function (cached per code object and options). With
@@ -451,7 +566,7 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
   source cannot be read is returned as None instead of raising."""
   if static_range not in ('python', 'lax'):
     raise ValueError("static_range must be 'python' or 'lax'")
-  key = (fn.__code__, recursive, static_range)
+  key = (fn.__code__, fn.__code__.co_filename, recursive, static_range)  # equal code in two files: two entries
   code = _CACHE.get(key)
   if code is None:
     try:
@@ -461,23 +576,22 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
         raise
       return None
     filename = fn.__code__.co_filename
-    _SetItem().visit(node)
-    cv = _Converter(filename, recursive, static_range)
-    cv.function(node)
-    _Exprs(recursive, (recursive, static_range)).visit(node)
-    free = [v for v in fn.__code__.co_freevars if v != 'ag__']  # fn may itself be converted code
-    factory = ast.FunctionDef(
-        name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__'] + free],
-                                               vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
-        body=[node, ast.Return(value=_name(node.name))], decorator_list=[], returns=None)
-    mod = ast.Module(body=[_located([factory], node)[0]], type_ignores=[])
-    ast.fix_missing_locations(mod)
-    outer = compile(mod, filename, 'exec')
-    fcode = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
-    code = _CACHE[key] = next(c for c in fcode.co_consts if isinstance(c, types.CodeType) and c.co_name == node.name)
+    try:
+      code = _CACHE[key] = _transform(node, fn, filename, recursive, static_range)
+    except AutographError:
+      raise
+    except Exception as e:  # a construct the pass does not handle: name the user's line, never ours
+      line = getattr(e, 'lineno', None) or node.lineno
+      from .errors import where
+      raise AutographError(f'autograph cannot convert {fn.__qualname__} ({type(e).__name__}: {e})\n'
+                           f'  at {where(filename, line)}\n  fix: rewrite this construct, or call the function '
+                           f'without autograph (plain Python / lax control flow)') from e
   cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-  closure = tuple(types.CellType(operators) if n == 'ag__' else cells[n] for n in code.co_freevars)
+  me = types.CellType()
+  closure = tuple(types.CellType(operators) if n == 'ag__' else me if n == 'ag__self' else cells[n]
+                  for n in code.co_freevars)
   new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+  me.cell_contents = new
   new.__kwdefaults__ = fn.__kwdefaults__
   new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
   new.__annotations__ = dict(getattr(fn, '__annotations__', {}))

@@ -42,6 +42,7 @@ class Info(NamedTuple):
   flags: tuple          # 'raise', 'try', 'contains-try', 'yield'
   zero_ok: tuple        # names that may be zero-filled (the lowered return value)
   stop: tuple = ()      # the loop's break/return flags: False whenever its body starts
+  appends: tuple = ()   # lists the loop body appends to (`ys.append(v)`)
 
 
 # ---- undefined variables ---------------------------------------------------------------
@@ -88,6 +89,26 @@ def checked(v, file: str, line: int):
                            f"taken (Python would raise UnboundLocalError)\n  at {where(file, line)}\n"
                            f"  fix: assign '{leaf.name}' on every path before this return")
   return v
+
+
+# ---- traced regions ----------------------------------------------------------------------
+
+_DEPTH = [0]  # how many traced branches / loop bodies are being traced right now
+
+
+class _traced_region:
+  """Marks the tracing of a traced `if` / loop body: recursion entered there cannot stop at
+  trace time, and `append` there must not mutate the user's list (the trace is not a run)."""
+
+  def __enter__(self):
+    _DEPTH[0] += 1
+
+  def __exit__(self, *exc):
+    _DEPTH[0] -= 1
+
+
+def depth() -> int:
+  return _DEPTH[0]
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -174,8 +195,10 @@ def _run(fn, info: Info, *args, get_state=None, set_state=None):
     set_state(tuple(False if n in info.stop else v for n, v in zip(info.names, get_state())))
   try:
     return fn(*args)
-  except AutographError:
-    raise
+  except AutographError as e:
+    if '\n  at ' in str(e):
+      raise
+    raise error(info, str(e), 'see above') from e  # an error without a place: give it this statement's line
   except Exception as e:
     if 'raise' in info.flags:
       raise error(info, f'a `raise` inside this `{info.kind}` ran while tracing it on a traced '
@@ -210,7 +233,8 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     return _trace_closed(g)
 
   try:
-    (out_t, jaxpr_t), (out_f, jaxpr_f) = traced(body), traced(orelse)
+    with _traced_region():
+      (out_t, jaxpr_t), (out_f, jaxpr_f) = traced(body), traced(orelse)
   finally:
     set_state(init)
   outs = (out_t, out_f)
@@ -230,6 +254,13 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     ta, tb = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     what = 'return value' if name in info.zero_ok else f"variable '{name}'"
+    if ta != tb and (isinstance(a, (list, _Collect)) or name in info.zero_ok):
+      na, nb = (len(v.items) if isinstance(v, _Collect) else len(v) if isinstance(v, list) else -1 for v in (a, b))
+      if na >= 0 and nb >= 0 and na != nb:
+        raise error(info, f"list '{name}' gets {na} element(s) in the if branch but {nb} in the else branch "
+                          f"of this `if` on a traced condition: its length would depend on a traced value",
+                    f"append the same number of elements in both branches (e.g. {name}.append(jnp.where(cond, a, b))), "
+                    f"or write into a preallocated array")
     if ta != tb:
       raise error(info, f'{what} has a different structure in the two branches of this `if` on a '
                         f'traced condition: {ta} vs {tb}', 'make both branches produce the same kind of value')
@@ -274,10 +305,11 @@ def if_exp(pred, a: Callable, b: Callable):
   if not is_traced(pred):
     return a() if pred else b()
   p = _pred(pred, Info('if', '<expression>', 0, (), (), (), (), (), ()))
-  ta, tb = jax.eval_shape(a), jax.eval_shape(b)
-  dt = jax.tree_util.tree_map(lambda x, y: jnp.result_type(_aval(x), _aval(y)), ta, tb)
-  cast = lambda f: lambda: jax.tree_util.tree_map(lambda v, d: jnp.asarray(v, d), f(), dt)
-  return lax.cond(p, cast(a), cast(b))
+  with _traced_region():
+    ta, tb = jax.eval_shape(a), jax.eval_shape(b)
+    dt = jax.tree_util.tree_map(lambda x, y: jnp.result_type(_aval(x), _aval(y)), ta, tb)
+    cast = lambda f: lambda: jax.tree_util.tree_map(lambda v, d: jnp.asarray(v, d), f(), dt)
+    return lax.cond(p, cast(a), cast(b))
 
 
 # ---- loops ---------------------------------------------------------------------------
@@ -286,11 +318,12 @@ def _noop():
   pass
 
 
-def _loop_plan(info: Info, init: tuple, step: Callable, extra):
+def _loop_plan(info: Info, init: tuple, step: Callable, extra, skip=()):
   """Which variables a traced loop carries, with initial values; checks the carry keeps
-  its structure, shape and dtype (weakly typed Python scalars are promoted once)."""
+  its structure, shape and dtype (weakly typed Python scalars are promoted once).
+  `skip`: lists collected by `append` (stacked outputs, not carries)."""
   state = list(init)
-  carried = [i for i, n in enumerate(info.names) if n in info.head]
+  carried = [i for i, n in enumerate(info.names) if n in info.head and i not in skip]
   for i, name in enumerate(info.names):
     if isinstance(state[i], Undefined) and name in info.entry:
       raise error(info, f"variable '{name}' is read in this traced `{info.kind}` loop before it is "
@@ -382,8 +415,28 @@ def while_stmt(test: Callable, body: Callable, get_state: Callable, set_state: C
     body()
 
 
+def _collected(info: Info, state) -> list:
+  """Indices of the lists this loop appends to (they become stacked outputs)."""
+  return [i for i, n in enumerate(info.names) if n in info.appends and isinstance(state[i], (list, _Collect))]
+
+
+def _no_collect(info: Info, state, why: str):
+  for i in _collected(info, state):
+    name = info.names[i]
+    raise error(info, f"list '{name}' is appended to in this traced `{info.kind}` loop, {why}: the number "
+                      f"of elements would be a traced value",
+                f"iterate over an array or a static range (no break/return) to get '{name}' as a stacked "
+                f"output, or preallocate '{name} = jnp.zeros((max_len, ...))' and assign '{name}[i] = ...'")
+
+
 def _while_lax(test, body, get_state, set_state, info: Info):
   init = get_state()
+  _no_collect(info, init, 'whose trip count is traced')
+  with _traced_region():
+    _while_lax_traced(test, body, get_state, set_state, info, init)
+
+
+def _while_lax_traced(test, body, get_state, set_state, info: Info, init):
 
   def step(state):
     set_state(state)
@@ -532,9 +585,20 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
   init = get_state()
   n = it.length()
   use_scan = isinstance(n, int)
+  if not use_scan:
+    _no_collect(info, init, 'whose trip count is traced')
+  elif extra_test is not None:
+    _no_collect(info, init, 'which can exit early (break / return)')
+  coll = _collected(info, init)
+  # the variables the loop may leave unset stay Undefined in the skipped-iteration branch of the
+  # guard only while the plan probes the first iteration (they are zero-filled carries after it)
+  guard = guard._replace(zero_ok=info.zero_ok + info.names)
 
   def step(state, i, sl):
-    set_state(state)
+    state = list(state)
+    for k in coll:
+      state[k] = _Collect(info.names[k], [])
+    set_state(tuple(state))
     x = it.item(i, sl)
     run = functools.partial(_run, body, info, x, get_state=get_state, set_state=set_state)
     if extra_test is not None and use_scan:
@@ -543,38 +607,216 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
       run()
     return get_state()
 
-  try:
-    i0 = jax.ShapeDtypeStruct((), jnp.int32)
-    sl0 = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in it.arrays]
-    state, carried = _loop_plan(info, init, step, (i0, sl0))
-    carry = _Carry(state, carried)
-    if use_scan and not it.indexed:  # plain scan over the arrays' leading axis
-      def scan_body(flat, sl):
-        return carry.pack(step(carry.unpack(flat), None, sl)), None
-      out, _ = lax.scan(scan_body, carry.pack(state), [a if a.shape[0] == n else a[:n] for a in it.arrays], length=n)
-    elif use_scan:
-      def scan_body(c, sl):
-        i, flat = c
-        return (i + 1, carry.pack(step(carry.unpack(flat), i, sl))), None
-      xs = [a if a.shape[0] == n else a[:n] for a in it.arrays]
-      (_, out), _ = lax.scan(scan_body, (jnp.int32(0), carry.pack(state)), xs, length=n)
-    else:
-      def cond_fn(c):
-        i, flat = c
-        ok = i < n
-        if extra_test is None:
-          return ok
-        set_state(carry.unpack(flat))
-        return ok & _pred(extra_test(), info)
+  def ys(state):  # this iteration's appended elements, one scan output per append
+    return [state[k].items for k in coll]
 
-      def body_fn(c):
-        i, flat = c
-        return i + 1, carry.pack(step(carry.unpack(flat), i, [a[i] for a in it.arrays]))
-      _, out = lax.while_loop(cond_fn, body_fn, (jnp.int32(0), carry.pack(state)))
+  try:
+    with _traced_region():
+      i0 = jax.ShapeDtypeStruct((), jnp.int32)
+      sl0 = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in it.arrays]
+      state, carried = _loop_plan(info, init, step, (i0, sl0), skip=coll)
+      carry = _Carry(state, carried)
+      stacked = None
+      if use_scan and not it.indexed:  # plain scan over the arrays' leading axis
+        def scan_body(flat, sl):
+          st = step(carry.unpack(flat), None, sl)
+          return carry.pack(st), ys(st)
+        out, stacked = lax.scan(scan_body, carry.pack(state), [a if a.shape[0] == n else a[:n] for a in it.arrays], length=n)
+      elif use_scan:
+        def scan_body(c, sl):
+          i, flat = c
+          st = step(carry.unpack(flat), i, sl)
+          return (i + 1, carry.pack(st)), ys(st)
+        xs = [a if a.shape[0] == n else a[:n] for a in it.arrays]
+        (_, out), stacked = lax.scan(scan_body, (jnp.int32(0), carry.pack(state)), xs, length=n)
+      else:
+        def cond_fn(c):
+          i, flat = c
+          ok = i < n
+          if extra_test is None:
+            return ok
+          set_state(carry.unpack(flat))
+          return ok & _pred(extra_test(), info)
+
+        def body_fn(c):
+          i, flat = c
+          return i + 1, carry.pack(step(carry.unpack(flat), i, [a[i] for a in it.arrays]))
+        _, out = lax.while_loop(cond_fn, body_fn, (jnp.int32(0), carry.pack(state)))
   except BaseException:
     set_state(init)
     raise
   _finish(set_state, info, init, carry, out)
+  if coll:  # Python semantics: the list object itself grows by n * (appends per iteration) elements
+    st = list(get_state())
+    for k, per_iter in zip(coll, stacked):
+      new = [jax.tree_util.tree_map(lambda a: a[t], item) for t in range(n) for item in per_iter]
+      if isinstance(init[k], _Collect):  # a loop nested in a collecting loop: its rows join the outer's
+        st[k] = _Collect(init[k].name, init[k].items + new)
+      else:
+        init[k].extend(new)
+        st[k] = init[k]
+    set_state(tuple(st))
+
+
+# ---- lists: append, indexing by a traced index -----------------------------------------
+
+class _Collect:
+  """A list appended to in a traced loop body, as the body sees it: only this iteration's
+  new elements (they become stacked outputs of the scan). Reading it there is an error."""
+  __slots__ = ('name', 'items')
+
+  def __init__(self, name: str, items: list):
+    self.name, self.items = name, items
+
+  def __repr__(self):
+    return f'<list {self.name} being collected: +{len(self.items)}>'
+
+  def _fail(self, *a, **k):
+    raise AutographError(f"list '{self.name}' is appended to in a traced loop, so inside the loop it only "
+                         f"collects elements (they become a stacked output of the loop); it cannot be read, "
+                         f"indexed or measured there. Keep the value you need in a separate variable "
+                         f"(e.g. last = v; {self.name}.append(v))")
+
+  def __getattr__(self, attr):
+    if attr.startswith('__'):
+      raise AttributeError(attr)
+    self._fail()
+
+  __len__ = __getitem__ = __iter__ = __bool__ = __add__ = __radd__ = _fail
+
+
+jax.tree_util.register_pytree_node(_Collect, lambda c: (c.items, (c.name, len(c.items))),
+                                   lambda aux, items: _Collect(aux[0], list(items)))
+
+
+def append(lst, v):
+  """`lst.append(v)`, rebinding lst: in a traced loop body lst is a _Collect; while a traced
+  branch / body is traced a list is copied, not mutated (tracing both sides of a traced `if`
+  must not append twice); otherwise Python's in-place append."""
+  if isinstance(lst, _Collect):
+    return _Collect(lst.name, lst.items + [v])
+  if type(lst) is list and _DEPTH[0]:
+    return lst + [v]
+  lst.append(v)
+  return lst
+
+
+class _Switch:
+  """`fns[i]` with a traced i, for a list of callables: calling it is lax.switch(i, fns, ...)."""
+
+  def __init__(self, i, fns):
+    self.i, self.fns = i, list(fns)
+
+  def __call__(self, *args):
+    i = jnp.clip(jnp.asarray(self.i, jnp.int32), -len(self.fns), len(self.fns) - 1)
+    return lax.switch(jnp.where(i < 0, i + len(self.fns), i), self.fns, *args)
+
+
+def getitem(xs, i, where: tuple):
+  """xs[i]. A Python list/tuple indexed by a traced index (a traced loop's counter): elements
+  that are arrays / numbers / pytrees of one structure and shape are stacked and indexed
+  (one dynamic slice; dtypes promote); callables give a _Switch. Out-of-range indices clamp."""
+  if not (type(xs) in (list, tuple) and is_traced(i)):
+    return xs[i]
+  from .errors import where as _where
+  at = _where(*where)
+  if not xs:
+    raise AutographError(f'cannot index an empty {type(xs).__name__} by a traced index\n  at {at}')
+  if all(callable(x) and not _is_dyn(x) for x in xs):
+    return _Switch(i, xs)
+  trees = [jax.tree_util.tree_structure(x) for x in xs]
+  leaves = [jax.tree_util.tree_leaves(x) for x in xs]
+  bad = next((k for k, t in enumerate(trees) if t != trees[0]), None)
+  if bad is None:
+    for k in range(len(leaves[0])):
+      col = [l[k] for l in leaves]
+      if not all(_is_dyn(c) for c in col) or len({jnp.shape(c) for c in col}) > 1:
+        bad = next(j for j, c in enumerate(col) if not _is_dyn(c) or jnp.shape(c) != jnp.shape(col[0]))
+        break
+  if bad is not None:
+    desc = lambda x: _describe(x) if _is_dyn(x) else f'{type(x).__name__} {jax.tree_util.tree_structure(x)}'
+    raise AutographError(f'cannot index this {type(xs).__name__} by a traced index: element 0 is {desc(xs[0])} '
+                         f'but element {bad} is {desc(xs[bad])} (a traced index needs elements of one shape, '
+                         f'which are stacked into an array)\n  at {at}\n  fix: give the elements one shape '
+                         f'and dtype, or keep the index a Python int (a static loop: static_range=\'python\')')
+  cols = [jnp.stack([jnp.asarray(l[k]) for l in leaves]) for k in range(len(leaves[0]))]
+  return jax.tree_util.tree_unflatten(trees[0], [c[i] for c in cols])
+
+
+# ---- builtins on traced values -----------------------------------------------------------
+
+def _any_traced(*xs) -> bool:
+  return any(is_traced(l) for l in jax.tree_util.tree_leaves(xs))
+
+
+def builtin(fn, name: str, where: tuple, *args, **kwargs):
+  """min / max / abs / sum / len / range, called by name: the Python builtin unless an
+  argument is traced (and the name still means the builtin)."""
+  if fn is not getattr(builtins, name) or not _any_traced(args, kwargs):
+    return fn(*args, **kwargs)
+  from .errors import where as _where
+  fail = lambda msg, fix: AutographError(f'{msg}\n  at {_where(*where)}\n  fix: {fix}')
+  if name in ('min', 'max'):
+    if kwargs:
+      raise fail(f'{name}(..., {", ".join(kwargs)}=...) on traced values is not converted',
+                 f'use jnp.{name} / jnp.arg{name} with jnp.where')
+    red = jnp.minimum if name == 'min' else jnp.maximum
+    if len(args) == 1:
+      (it,) = args
+      if is_traced(it):
+        return (jnp.min if name == 'min' else jnp.max)(it, axis=0)
+      args = tuple(it)
+    if not args:
+      raise fail(f'{name}() of an empty sequence', 'pass at least one value')
+    return functools.reduce(red, args)
+  if name == 'sum':
+    if len(args) >= 1 and is_traced(args[0]) and args[0].ndim >= 1:
+      x = args[0]
+      start = args[1] if len(args) > 1 else kwargs.get('start', 0)
+      total = jnp.sum(x, axis=0, dtype=None if x.dtype == jnp.bool_ else x.dtype)
+      return total if isinstance(start, int) and start == 0 and not isinstance(start, bool) else start + total
+    return fn(*args, **kwargs)
+  if name == 'range':
+    raise fail('range() with a traced bound outside a `for` header: its length would be a traced value',
+               'loop over it directly (`for i in range(n):` becomes a while_loop), or use jnp.arange with a '
+               'static size and a mask')
+  return fn(*args, **kwargs)  # abs, len: JAX arrays implement them
+
+
+# ---- recursion -------------------------------------------------------------------------------
+
+def is_self(f, me) -> bool:
+  """Does the name a self-call uses still refer to the converted function `me`?"""
+  orig = me.__wrapped__
+  return f is me or f is orig or getattr(f, '__wrapped__', None) is orig
+
+
+def check_self(f, me, where: tuple):
+  if not is_self(f, me):
+    from .errors import where as _where
+    raise AutographError(f"'{me.__name__}' no longer names this function, but autograph turned its tail "
+                         f"call into a loop when converting it\n  at {_where(*where)}\n  fix: do not rebind "
+                         f"'{me.__name__}', or convert the function again after rebinding")
+
+
+def recurse(me, frame: int, where: tuple, f, *args, **kwargs):
+  """A self-call that is not a tail call. On Python values it recurses (into the converted
+  function); under a traced condition entered in this activation it cannot terminate."""
+  if not is_self(f, me):
+    return f(*args, **kwargs)
+  from .errors import where as _where
+  msg = (f"recursive call to '{me.__name__}' under a traced condition: both sides of a traced `if` are "
+         f"traced, so the recursion cannot stop at trace time\n  at {_where(*where)}\n  fix: make it a tail call "
+         f"(`return {me.__name__}(...)` as the last step; autograph turns tail recursion into a while loop), "
+         f"write it as a loop, or make the condition depend only on Python values (static_argnums)")
+  if _DEPTH[0] > frame and _any_traced(args, kwargs):
+    raise AutographError(msg)
+  try:
+    return me(*args, **kwargs)
+  except RecursionError as e:
+    if _any_traced(args, kwargs):
+      raise AutographError(msg) from None
+    raise
 
 
 # ---- statements kept as Python (inside try, generators) --------------------------------
@@ -639,6 +881,8 @@ def setitem(x, idx, v):
   """x[idx] = v; on a JAX array this is x.at[idx].set(v) and the caller rebinds x."""
   if isinstance(x, jax.Array):
     return x.at[idx].set(v)
+  if type(x) in (list, dict) and _DEPTH[0]:  # tracing a traced branch: never mutate (see append)
+    x = x.copy()
   x[idx] = v
   return x
 
@@ -648,6 +892,8 @@ def setitem_op(x, idx, op: str, v):
   if isinstance(x, jax.Array):
     m = _AT.get(op)
     return getattr(x.at[idx], m)(v) if m else x.at[idx].set(_OPS[op](x[idx], v))
+  if type(x) in (list, dict) and _DEPTH[0]:
+    x = x.copy()
   x[idx] = _IOPS[op](x[idx], v)
   return x
 
