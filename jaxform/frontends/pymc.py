@@ -101,7 +101,7 @@ def get_jaxified_graph(inputs=None, outputs=None, *, rewrite: bool = True) -> Ca
     cache: dict[tuple, Callable] = {}
 
     def fn(*args):
-        key = tuple((tuple(np.shape(a)), str(getattr(a, "dtype", np.asarray(a).dtype))) for a in args)
+        key = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)) for a in args)
         f = cache.get(key)
         if f is None:
             g = jpt.to_graph(inputs, list(outputs), shapes=[k[0] for k in key], rewrite=rewrite)

@@ -165,11 +165,14 @@ def _check_dtype(dtype, what: str) -> None:
 
 
 def _foldable(node) -> bool:
-    """Fold shape arithmetic: small integer/bool results computed from known values only."""
-    return all(getattr(o.type, "dtype", "") in ("bool",) or str(getattr(o.type, "dtype", "")).startswith(("int", "uint"))
-               for o in node.outputs) and all(
-        getattr(o.type, "shape", None) is not None and None not in o.type.shape and
-        int(np.prod(o.type.shape)) <= 64 for o in node.outputs)
+    """Fold what PyTensor's constant folding folds: small results computed from known values only
+    (shape arithmetic, and elementwise ops on constants, computed by PyTensor's own `perform` so the
+    unrewritten graph keeps the rewritten graph's numerics, e.g. float32 constants)."""
+    small = all(getattr(o.type, "shape", None) is not None and None not in o.type.shape and
+                int(np.prod(o.type.shape)) <= 64 for o in node.outputs)
+    ints = all(getattr(o.type, "dtype", "") in ("bool",) or str(getattr(o.type, "dtype", "")).startswith(("int", "uint"))
+               for o in node.outputs)
+    return small and (ints or type(node.op).__name__ in ("Elemwise", "DimShuffle"))
 
 
 def _fold(node, ins):
