@@ -172,14 +172,16 @@ def _foldable(node) -> bool:
                 int(np.prod(o.type.shape)) <= 64 for o in node.outputs)
     ints = all(getattr(o.type, "dtype", "") in ("bool",) or str(getattr(o.type, "dtype", "")).startswith(("int", "uint"))
                for o in node.outputs)
-    return small and (ints or type(node.op).__name__ in ("Elemwise", "DimShuffle"))
+    # numpy computes log(int8) in float16 where PyTensor's C code uses float32: fold floats from floats only
+    floats_in = all(str(getattr(i.type, "dtype", "")) in ("float32", "float64") for i in node.inputs)
+    return small and (ints or (floats_in and type(node.op).__name__ in ("Elemwise", "DimShuffle")))
 
 
 def _fold(node, ins):
     try:
         storage = [[None] for _ in node.outputs]
         node.op.perform(node, [np.asarray(i, dtype=v.type.dtype) for i, v in zip(ins, node.inputs)], storage)
-        return [np.asarray(s[0]) for s in storage]
+        return [np.asarray(s[0], dtype=getattr(o.type, "dtype", None)) for s, o in zip(storage, node.outputs)]
     except Exception:
         return None
 
