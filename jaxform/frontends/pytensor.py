@@ -945,9 +945,9 @@ def _erfcx(b, dts, x):
     x = b.convert(x, dts[0])
     c = lambda v: b.const(np.array(v, dts[0]))
     big = b.lt(x, c(12.0))
-    xs = b.select_n(big, x, c(0.0))              # keep the unused branch finite (its gradient too)
+    xs = b.select_n(big, c(0.0), x)              # keep the unused branch finite (its gradient too)
     direct = b.exp(b.integer_pow(xs, 2)) * b.erfc(xs)
-    xl = b.select_n(big, c(12.0), x)
+    xl = b.select_n(big, x, c(12.0))
     inv2 = b.div(c(1.0), b.integer_pow(xl, 2) * c(2.0))
     series, term = c(1.0), c(1.0)
     for k in range(1, 12):

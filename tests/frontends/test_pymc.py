@@ -47,26 +47,25 @@ PSI_GRAD = {"robust_regression_dims", "stochastic_volatility"}
 @pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_matches_c_backend(name, rewrite):
-    """rewrite=True: the graph PyMC compiles; rewrite=False: the graph as PyMC builds it, compared with
-    PyTensor evaluating that same unrewritten graph (mode FAST_COMPILE). The unrewritten graph computes some
-    constants in float32 (e.g. log(float32(2))), which PyTensor's rewrites move to float64, so the two
-    differ by up to ~1e-8 relative: rewrite-free conversion is faithful but not a drop-in for PyMC's numbers."""
+    """rewrite=True: the graph PyMC compiles, at rtol 1e-10. rewrite=False: the graph as PyMC builds it, which
+    computes some constants in float32 (e.g. log(float32(2))) that PyTensor's rewrites compute in float64, so
+    it differs from PyMC's numbers by up to ~5e-7 absolute (3e-9 relative): compared at rtol 1e-8."""
     model = MODELS[name]()
     stats = {}
     g, names = jpm.model_graph(model, rewrite=rewrite, stats=stats)
     assert stats["fallback"] == 0, stats["fallback_ops"]
     prims = {n.name for n, _ in g.walk()}
     assert not prims & {"jit", "pjit", "closed_call", "pure_callback"}, prims
-    mode = None if rewrite else "FAST_COMPILE"
-    c_logp, c_dlogp = model.compile_logp(mode=mode), model.compile_dlogp(mode=mode)
+    c_logp, c_dlogp = model.compile_logp(), model.compile_dlogp()
+    tol = 1e-10 if rewrite else 1e-8
     vg = jpm.value_and_grad_fn(model, rewrite=rewrite)
     for pt in _points(model):
         want = c_logp(pt)
         got, grad = vg(pt)
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
         flat = np.concatenate([np.ravel(grad[n]) for n in names])
         # compile_dlogp orders the gradient by model.value_vars, as `names` does
-        rtol = 5e-8 if name in PSI_GRAD else 1e-10
+        rtol = 5e-8 if name in PSI_GRAD else tol
         np.testing.assert_allclose(flat, c_dlogp(pt), rtol=rtol, atol=1e-9)
 
 
