@@ -553,9 +553,13 @@ def _register_pymc_ops(tb, st):
             op = node.op
             k = int(op.offset)
             dt = node.outputs[0].type.dtype
-            if (op.axis1, op.axis2) != (0, 1) and cv.value(x).ndim != 1:
+            xv = cv.value(x, dt)
+            if k != 0 or xv.ndim != 1:
                 raise _NoConverter
-            return _trace(cv, lambda v: _jnp().diag(v, k).astype(dt), x)
+            b, n = cv.b, xv.shape[0]
+            on = b.eq(b.iota(np.int32, (n, n), 0), b.iota(np.int32, (n, n), 1))
+            return b.select_n(on, b.broadcast_to(b.const(np.zeros((), dt)), (n, n)),
+                              b.broadcast_in_dim(xv, (n, n), (1,)))
 
     @register(slinalg.Cholesky)
     def cholesky(cv, node, x):
