@@ -20,6 +20,7 @@ folded at conversion time, so reshape/alloc targets become static too.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -77,6 +78,7 @@ class Converter:
         self.b = builder
         self.env: dict[Any, Known] = {}
         self.direct = self.fallback = self.folded = 0   # how each node was converted (stats)
+        self.fallback_ops: list[str] = []                  # which ops went through jax_funcify
 
     def get(self, var) -> Known:
         from pytensor.graph.basic import Constant
@@ -119,6 +121,8 @@ class Converter:
             if outs is None:
                 outs = _fallback(self, node, ins)
                 self.fallback += 1
+                self.fallback_ops.append(str(node.op) if type(node.op).__name__ == "Blockwise"
+                                         else type(node.op).__name__)
             else:
                 self.direct += 1
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -161,18 +165,23 @@ def _check_dtype(dtype, what: str) -> None:
 
 
 def _foldable(node) -> bool:
-    """Fold shape arithmetic: small integer/bool results computed from known values only."""
-    return all(getattr(o.type, "dtype", "") in ("bool",) or str(getattr(o.type, "dtype", "")).startswith(("int", "uint"))
-               for o in node.outputs) and all(
-        getattr(o.type, "shape", None) is not None and None not in o.type.shape and
-        int(np.prod(o.type.shape)) <= 64 for o in node.outputs)
+    """Fold what PyTensor's constant folding folds: small results computed from known values only
+    (shape arithmetic, and elementwise ops on constants, computed by PyTensor's own `perform` so the
+    unrewritten graph keeps the rewritten graph's numerics, e.g. float32 constants)."""
+    small = all(getattr(o.type, "shape", None) is not None and None not in o.type.shape and
+                int(np.prod(o.type.shape)) <= 64 for o in node.outputs)
+    ints = all(getattr(o.type, "dtype", "") in ("bool",) or str(getattr(o.type, "dtype", "")).startswith(("int", "uint"))
+               for o in node.outputs)
+    # numpy computes log(int8) in float16 where PyTensor's C code uses float32: fold floats from floats only
+    floats_in = all(str(getattr(i.type, "dtype", "")) in ("float32", "float64") for i in node.inputs)
+    return small and (ints or (floats_in and type(node.op).__name__ in ("Elemwise", "DimShuffle")))
 
 
 def _fold(node, ins):
     try:
         storage = [[None] for _ in node.outputs]
         node.op.perform(node, [np.asarray(i, dtype=v.type.dtype) for i, v in zip(ins, node.inputs)], storage)
-        return [np.asarray(s[0]) for s in storage]
+        return [np.asarray(s[0], dtype=getattr(o.type, "dtype", None)) for s, o in zip(storage, node.outputs)]
     except Exception:
         return None
 
@@ -243,9 +252,11 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     if replace:
         outs = clone_replace(outs, replace=replace)
     fg = FunctionGraph(fixed, [pt.as_tensor_variable(o) for o in outs], clone=True)
+    t0 = time.perf_counter()
     if rewrite:
         from pytensor.compile.mode import get_mode
         get_mode("JAX").optimizer.rewrite(fg)
+    t1 = time.perf_counter()
     b = Builder()
     cv = Converter(b)
     for var in fg.inputs:
@@ -254,9 +265,11 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     for node in fg.toposort():
         cv.convert(node)
     results = [cv.value(cv.get(o)) for o in fg.outputs]
+    g = b.build(results[0] if single else results)
     if stats is not None:
-        stats.update(direct=cv.direct, fallback=cv.fallback, folded=cv.folded)
-    return b.build(results[0] if single else results)
+        stats.update(direct=cv.direct, fallback=cv.fallback, folded=cv.folded, fallback_ops=cv.fallback_ops,
+                     nodes=len(fg.apply_nodes), time_rewrite_s=t1 - t0, time_convert_s=time.perf_counter() - t1)
+    return g
 
 
 def function(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None, rewrite: bool = True,
@@ -315,7 +328,7 @@ def _register_all():
     def elemwise(cv, node, *ins):
         shape = tuple(np.broadcast_shapes(*[np.shape(i) if not isinstance(i, Var) else i.shape for i in ins]))
         vals = [_small_literal(cv, i) for i in ins]
-        outs = _scalar_op(cv.b, node.op.scalar_op, vals, [o.type.dtype for o in node.outputs], node)
+        outs = _scalar_op(cv, node.op.scalar_op, vals, [o.type.dtype for o in node.outputs], node)
         outs = [cv.b.broadcast_to(o, shape) for o in outs]
         return outs if len(outs) > 1 else outs[0]
 
@@ -347,13 +360,6 @@ def _register_all():
     def dot(cv, node, x, y):
         dt = node.outputs[0].type.dtype
         return cv.b.dot(cv.value(x, dt), cv.value(y, dt))
-
-    @register(Blockwise)
-    def blockwise(cv, node, *ins):
-        if type(node.op.core_op).__name__ != "Dot" or len(ins) != 2:
-            raise _NoConverter
-        dt = node.outputs[0].type.dtype
-        return cv.b.matmul(cv.value(ins[0], dt), cv.value(ins[1], dt))
 
     @register(special.Softmax, special.LogSoftmax)
     def softmax(cv, node, x):
@@ -397,36 +403,350 @@ def _register_all():
             return np.zeros((0,), dt)
         return cv.b.concatenate([cv.b.reshape(cv.value(x, dt), (1,)) for x in xs], 0)
 
+    _register_pymc_ops(tb, st)
+    CONVERTERS.update(user)
+
+
+def _trace(cv: Converter, fn: Callable, *ins: Known) -> Any:
+    """Emit lax equations by tracing `fn` (lax / jnp-indexing code, no jit wrappers) on the runtime operands;
+    known operands are passed to `fn` as numpy values."""
+    dyn = [i for i in ins if isinstance(i, Var)]
+    mask = [isinstance(i, Var) for i in ins]
+
+    def run(*vals):
+        it = iter(vals)
+        return fn(*[next(it) if m else i for m, i in zip(mask, ins)])
+    return cv.b.trace(run, *dyn)
+
+
+def _index_parts(index):
+    """jnp index components: None stays None, known integer arrays stay numpy, slices keep known bounds."""
+    out = []
+    for t in index:
+        if isinstance(t, np.ndarray) and t.dtype == object and t.shape == () and t.item() is None:
+            out.append(None)
+        elif isinstance(t, slice):
+            out.append(slice(*[None if p is None or (isinstance(p, np.ndarray) and p.dtype == object)
+                               else p if isinstance(p, Var) else int(np.asarray(p))
+                               for p in (t.start, t.stop, t.step)]))
+        else:
+            out.append(t)
+    return out
+
+
+def _register_pymc_ops(tb, st):
+    """Ops PyMC's logp graphs and their gradients contain: indexing, linear algebra, checks, scans."""
+    import importlib
+    from jax import lax
+    slinalg, extra_ops, raise_op = (importlib.import_module(f"pytensor.{m}")
+                                    for m in ("tensor.slinalg", "tensor.extra_ops", "raise_op"))
+    from pytensor.tensor.blockwise import Blockwise
+
+    def index_of(node, idx):
+        return _index_parts(st.indices_from_subtensor(idx, getattr(node.op, "idx_list", None)))
+
+    def dyn_index(cv, x, parts, body):
+        """Trace body(x, index) with the runtime parts of the index (Vars, also inside slices) as operands."""
+        flat = []
+        for p in parts:
+            flat += [p.start, p.stop, p.step] if isinstance(p, slice) else [p]
+        vars_ = [v for v in flat if isinstance(v, Var)]
+
+        def fn(xv, *vals):
+            it = iter(vals)
+            pick = lambda v: next(it) if isinstance(v, Var) else v
+            idx = tuple(slice(pick(p.start), pick(p.stop), pick(p.step)) if isinstance(p, slice) else pick(p)
+                        for p in parts)
+            return body(xv, idx[0] if len(idx) == 1 else idx)
+        return cv.b.trace(fn, cv.value(x), *vars_)
+
+    @register(st.AdvancedSubtensor1, st.AdvancedSubtensor)
+    def adv_subtensor(cv, node, x, *idx):
+        return dyn_index(cv, x, index_of(node, idx), lambda xv, i: xv[i])
+
     @register(st.Subtensor)
     def subtensor(cv, node, x, *idx):
         index = st.indices_from_subtensor(idx, node.op.idx_list)
         static = _static_index(index)
-        if static is None:
-            raise _NoConverter  # runtime start/stop: jnp indexing (dynamic_slice) via the fallback
-        return cv.b.index(cv.value(x), static)
+        if static is not None:
+            return cv.b.index(cv.value(x), static)
+        return dyn_index(cv, x, _index_parts(index), lambda xv, i: xv[i])  # runtime bounds: dynamic_slice
 
-    @register(st.IncSubtensor)
-    def inc_subtensor(cv, node, x, y, *idx):
-        index = _static_index(st.indices_from_subtensor(idx, node.op.idx_list))
-        b, x = cv.b, cv.value(x)
-        if index is None or any(isinstance(t, slice) and t.indices(n)[2] != 1
-                                for t, n in zip(index, x.shape)):
-            raise _NoConverter  # strided or runtime indices: x.at[...] via the fallback
-        starts, sizes, keep = [], [], []
-        for d, n in enumerate(x.shape):
-            t = index[d] if d < len(index) else slice(None)
-            if isinstance(t, slice):
-                lo, hi, _ = t.indices(n)
-                starts.append(lo), sizes.append(max(hi - lo, 0)), keep.append(max(hi - lo, 0))
-            else:
-                starts.append(t % n), sizes.append(1)
-        y = b.broadcast_to(cv.value(y, x.dtype), tuple(keep))
-        y = b.reshape(y, sizes)
-        if not node.op.set_instead_of_inc:
-            y = b.slice(x, starts, [s + z for s, z in zip(starts, sizes)]) + y
-        return b.dynamic_update_slice(x, y, [b.const(s, np.int32) for s in starts])
+    @register(st.AdvancedIncSubtensor1, st.AdvancedIncSubtensor, st.IncSubtensor)
+    def adv_inc_subtensor(cv, node, x, y, *idx):
+        if type(node.op) is st.IncSubtensor:
+            out = _inc_subtensor_static(cv, node, x, y, idx)
+            if out is not None:
+                return out
+        dt = node.outputs[0].type.dtype
+        return _scatter(cv, cv.value(x, dt), cv.value(y, dt), index_of(node, idx),
+                        getattr(node.op, "set_instead_of_inc", False))
 
-    CONVERTERS.update(user)
+    @register(tb.AllocEmpty)
+    def alloc_empty(cv, node, *shape):
+        shape = tuple(int(cv.static(s, node, "the shape")) for s in shape)
+        return cv.b.broadcast_to(cv.value(np.zeros((), node.outputs[0].type.dtype)), shape)
+
+    @register(tb.ARange)
+    def arange(cv, node, start, stop, step):
+        vals = [cv.static(v, node, "the range") for v in (start, stop, step)]
+        return np.arange(*vals, dtype=node.outputs[0].type.dtype)
+
+    @register(tb.Split)
+    def split(cv, node, x, axis, splits):
+        axis = int(cv.static(axis, node, "the axis"))
+        sizes = [int(s) for s in cv.static(splits, node, "the split sizes")]
+        x = cv.value(x)
+        axis %= x.ndim
+        outs, lo = [], 0
+        for n in sizes:
+            start, limit = [0] * x.ndim, list(x.shape)
+            start[axis], limit[axis] = lo, lo + n
+            outs.append(cv.b.slice(x, start, limit))
+            lo += n
+        return outs
+
+    @register(extra_ops.CumOp)
+    def cumop(cv, node, x):
+        x = cv.value(x, node.outputs[0].type.dtype)
+        axis = node.op.axis
+        if axis is None:
+            x, axis = cv.b.reshape(x, (int(np.prod(x.shape)),)), 0
+        prim = "cumsum" if node.op.mode == "add" else "cumprod"
+        return cv.b.bind(prim, x, axis=int(axis) % x.ndim, reverse=False)
+
+    @register(raise_op.CheckAndRaise)
+    def check(cv, node, x, *conds):
+        # PyMC's parameter checks that may become -inf do so (PyMC's JAX rewrite does the same);
+        # other checks cannot raise inside JAX and are dropped, as PyTensor's JAX backend drops them.
+        if not getattr(node.op, "can_be_replaced_by_ninf", False) or not conds:
+            return x
+        b, xv = cv.b, cv.value(x)
+        ok = None
+        for c in conds:
+            c = cv.value(c)
+            c = b.reduce_and(c if c.dtype == np.bool_ else b.ne(c, 0), tuple(range(c.ndim))) if c.ndim else \
+                (c if c.dtype == np.bool_ else b.ne(c, 0))
+            ok = c if ok is None else b.and_(ok, c)
+        return b.select_n(b.broadcast_to(ok, xv.shape), b.broadcast_to(b.const(np.array(-np.inf, xv.dtype)), xv.shape),
+                          xv)
+
+    @register(tb.ExtractDiag)
+    def extract_diag(cv, node, x):
+        op, b, x = node.op, cv.b, cv.value(x)
+        a1, a2, k = op.axis1 % x.ndim, op.axis2 % x.ndim, int(op.offset)
+        rest = [d for d in range(x.ndim) if d not in (a1, a2)]
+        x = b.transpose(x, rest + [a1, a2])
+        n, m = x.shape[-2:]
+        count = max(0, min(n, m - k) if k >= 0 else min(n + k, m))
+        batch = tuple(x.shape[:-2])
+        flat = b.reshape(x, batch + (n * m,))
+        start = k if k >= 0 else -k * m
+        if count == 0:
+            return b.broadcast_to(b.const(np.zeros((), x.dtype)), batch + (0,))
+        stop = start + (count - 1) * (m + 1) + 1
+        return b.slice(flat, [0] * len(batch) + [start], list(batch) + [stop], [1] * len(batch) + [m + 1])
+
+    if hasattr(tb, "AllocDiag"):
+        @register(tb.AllocDiag)
+        def alloc_diag(cv, node, x):
+            op = node.op
+            k = int(op.offset)
+            dt = node.outputs[0].type.dtype
+            xv = cv.value(x, dt)
+            if k != 0 or xv.ndim != 1:
+                raise _NoConverter
+            b, n = cv.b, xv.shape[0]
+            on = b.eq(b.iota(np.int32, (n, n), 0), b.iota(np.int32, (n, n), 1))
+            return b.select_n(on, b.broadcast_to(b.const(np.zeros((), dt)), (n, n)),
+                              b.broadcast_in_dim(xv, (n, n), (1,)))
+
+    @register(slinalg.Cholesky)
+    def cholesky(cv, node, x):
+        dt = node.outputs[0].type.dtype
+        lo = lax.linalg.cholesky
+        lower = getattr(node.op, "lower", True)
+        return _trace(cv, lambda a: lo(a, symmetrize_input=False) if lower else
+                      _jnp().swapaxes(lo(a, symmetrize_input=False), -1, -2).conj(), cv.value(x, dt))
+
+    @register(slinalg.SolveTriangular)
+    def solve_triangular(cv, node, a, y):
+        op = node.op
+        if getattr(op, "trans", 0) not in (0, "N"):
+            raise _NoConverter
+        dt = node.outputs[0].type.dtype
+        vec = op.b_ndim == 1
+
+        def fn(av, yv):
+            yv = yv[..., None] if vec else yv
+            out = lax.linalg.triangular_solve(av, yv, left_side=True, lower=op.lower,
+                                              unit_diagonal=op.unit_diagonal)
+            return out[..., 0] if vec else out
+        return _trace(cv, fn, cv.value(a, dt), cv.value(y, dt))
+
+    @register(Blockwise)
+    def blockwise(cv, node, *ins):
+        """A core op with no batch dims converts as the core op; otherwise vmap of the core conversion."""
+        core = node.op.core_op
+        if type(core).__name__ == "Dot" and len(ins) == 2:
+            dt = node.outputs[0].type.dtype
+            return cv.b.matmul(cv.value(ins[0], dt), cv.value(ins[1], dt))
+        conv = _lookup(CONVERTERS, type(core))
+        if conv is None:
+            raise _NoConverter
+        core_node = node.op._create_dummy_core_node(node.inputs) if hasattr(node.op, "_create_dummy_core_node") \
+            else None
+        if core_node is None:
+            raise _NoConverter
+        batch = node.outputs[0].type.ndim - core_node.outputs[0].type.ndim
+        if batch == 0:
+            return conv(cv, core_node, *ins)
+        # batch dims: convert the core op once, on core shapes, and vmap it over the broadcast batch
+        core_nd = [c.type.ndim for c in core_node.inputs]
+        bshape = tuple(np.broadcast_shapes(*[_shape_of(i)[:len(_shape_of(i)) - k] for i, k in zip(ins, core_nd)]))
+        vals = [cv.b.broadcast_to(cv.value(i), bshape + tuple(_shape_of(i)[len(_shape_of(i)) - k:]))
+                for i, k in zip(ins, core_nd)]
+        sub = Builder()
+        scv = Converter(sub)
+        args = [sub.arg(tuple(v.shape[len(bshape):]), v.dtype) for v in vals]
+        outs = conv(scv, core_node, *args)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        cv.fallback += scv.fallback
+        cv.fallback_ops += scv.fallback_ops
+        f = to_function(sub.build([scv.value(o) for o in outs]))
+        for _ in bshape:
+            f = jax.vmap(f)
+        res = cv.b.trace(f, *vals)
+        return res if len(res) > 1 else res[0]
+
+    _register_scan()
+
+
+def _register_scan():
+    from pytensor.scan.op import Scan
+    from pytensor.tensor.type_other import MakeSlice
+
+    register(MakeSlice)(lambda cv, node, *parts: slice(*parts))
+
+    @register(Scan)
+    def scan(cv, node, *ins):
+        """A PyTensor Scan → one lax.scan whose body is the inner graph, converted node by node.
+
+        Carries: mit-sot windows (the last -min(tap) values), sit-sot values, untraced sit-sots;
+        xs: the sequences; ys: mit-sot, sit-sot and nit-sot traces, cut to PyTensor's buffer sizes.
+        """
+        op, b = node.op, cv.b
+        info = op.info
+        if info.as_while or info.n_mit_mot:
+            raise _NoConverter  # while-scans and gradient scans (mit-mot): PyTensor's JAX code
+        n = int(cv.static(ins[0], node, "the number of steps"))
+        head = lambda x, k: b.slice(x, [0] * x.ndim, [k] + list(x.shape[1:]))
+        at = lambda x, i: b.reshape(b.slice(x, [i] + [0] * (x.ndim - 1), [i + 1] + list(x.shape[1:])), x.shape[1:])
+        seqs = [cv.value(x) for x in op.outer_seqs(list(ins))]
+        seqs = [x if x.shape[0] == n else head(x, n) for x in seqs]
+        taps = [list(t) for t in info.mit_sot_in_slices]
+        mit_bufs = [cv.value(x) for x in op.outer_mitsot(list(ins))]
+        windows = [head(x, -min(t)) for x, t in zip(mit_bufs, taps)]
+        sit_bufs = [cv.value(x) for x in op.outer_sitsot(list(ins))]
+        sits = [at(x, 0) for x in sit_bufs]
+        untraced = [cv.value(x) for x in op.outer_untraced_sit_sot(list(ins))]
+        nonseqs = list(op.outer_non_seqs(list(ins)))
+        dyn = [x for x in nonseqs if isinstance(x, Var)]
+        nw, ns, nu = len(windows), len(sits), len(untraced)
+
+        def body(sb, *args):
+            consts, carry, xs = args[:len(dyn)], args[len(dyn):len(args) - len(seqs)], args[len(args) - len(seqs):]
+            wins, cur, unt = carry[:nw], carry[nw:nw + ns], carry[nw + ns:]
+            icv = Converter(sb)
+            vals = list(xs)
+            for w, t in zip(wins, taps):
+                vals += [sb.reshape(sb.slice(w, [-min(t) + k] + [0] * (w.ndim - 1),
+                                             [-min(t) + k + 1] + list(w.shape[1:])), w.shape[1:]) for k in t]
+            it = iter(consts)
+            vals += list(cur) + list(unt) + [next(it) if isinstance(x, Var) else x for x in nonseqs]
+            for var, v in zip(op.fgraph.inputs, vals):
+                icv.env[var] = v
+            for nd in op.fgraph.toposort():
+                icv.convert(nd)
+            outs = [icv.get(o) for o in op.fgraph.outputs]
+            cv.direct += icv.direct
+            cv.fallback += icv.fallback
+            cv.folded += icv.folded
+            cv.fallback_ops += icv.fallback_ops
+            fit = lambda v, like: sb.broadcast_to(icv.value(v, like.dtype), tuple(like.shape))
+            mit_new = [sb.broadcast_to(icv.value(v, w.dtype), tuple(w.shape[1:]))
+                       for v, w in zip(op.inner_mitsot_outs(outs), wins)]
+            sit_new = [fit(v, c) for v, c in zip(op.inner_sitsot_outs(outs), cur)]
+            unt_new = [fit(v, u) for v, u in zip(op.inner_untraced_sit_sot_outs(outs), unt)]
+            nit_new = [icv.value(v, o.type.dtype) for v, o in zip(op.inner_nitsot_outs(outs),
+                                                                  op.inner_nitsot_outs(op.fgraph.outputs))]
+            new_wins = [sb.concatenate([sb.slice(w, [1] + [0] * (w.ndim - 1), list(w.shape)),
+                                        sb.reshape(v, (1,) + tuple(v.shape))], 0) for w, v in zip(wins, mit_new)]
+            return new_wins + sit_new + unt_new + mit_new + sit_new + nit_new
+
+        carry, ys = b.scan(body, dyn, windows + sits + untraced, seqs, length=n)
+        final_unt = carry[nw + ns:]
+        traces = []
+        inits = windows + [b.reshape(s, (1,) + tuple(s.shape)) for s in sits]
+        sizes = [x.shape[0] for x in mit_bufs + sit_bufs] + \
+            [int(cv.static(x, node, "a nit-sot length")) for x in op.outer_nitsot(list(ins))]
+        for k, (tr, size) in enumerate(zip(ys, sizes)):
+            if tr.shape[0] > size:
+                tr = b.slice(tr, [tr.shape[0] - size] + [0] * (tr.ndim - 1), list(tr.shape))
+            elif tr.shape[0] < size:
+                init = inits[k]
+                need = size - tr.shape[0]
+                init = b.slice(init, [init.shape[0] - need] + [0] * (init.ndim - 1), list(init.shape))
+                tr = b.concatenate([init, tr], 0)
+            traces.append(tr)
+        return traces + final_unt
+
+
+def _jnp():
+    import jax.numpy as jnp
+    return jnp
+
+
+def _inc_subtensor_static(cv, node, x, y, idx):
+    index = _static_index(_indices(node, idx))
+    b, xv = cv.b, cv.value(x)
+    if index is None or any(isinstance(t, slice) and t.indices(n)[2] != 1 for t, n in zip(index, xv.shape)):
+        return None
+    starts, sizes, keep = [], [], []
+    for d, n in enumerate(xv.shape):
+        t = index[d] if d < len(index) else slice(None)
+        if isinstance(t, slice):
+            lo, hi, _ = t.indices(n)
+            starts.append(lo), sizes.append(max(hi - lo, 0)), keep.append(max(hi - lo, 0))
+        else:
+            starts.append(t % n), sizes.append(1)
+    yv = b.broadcast_to(cv.value(y, xv.dtype), tuple(keep))
+    yv = b.reshape(yv, sizes)
+    if not node.op.set_instead_of_inc:
+        yv = b.slice(xv, starts, [s + z for s, z in zip(starts, sizes)]) + yv
+    return b.dynamic_update_slice(xv, yv, [b.const(s, np.int32) for s in starts])
+
+
+def _indices(node, idx):
+    from pytensor.tensor.subtensor import indices_from_subtensor
+    return indices_from_subtensor(idx, getattr(node.op, "idx_list", None))
+
+
+def _scatter(cv, x: Var, y: Var, parts, set_: bool):
+    """x.at[index].set/add(y), traced to a scatter with runtime index parts as operands."""
+    flat = []
+    for p in parts:
+        flat += [p.start, p.stop, p.step] if isinstance(p, slice) else [p]
+    vars_ = [v for v in flat if isinstance(v, Var)]
+
+    def fn(xv, yv, *vals):
+        it = iter(vals)
+        pick = lambda v: next(it) if isinstance(v, Var) else v
+        idx = tuple(slice(pick(p.start), pick(p.stop), pick(p.step)) if isinstance(p, slice) else pick(p)
+                    for p in parts)
+        idx = idx[0] if len(idx) == 1 else idx
+        return xv.at[idx].set(yv) if set_ else xv.at[idx].add(yv)
+    return cv.b.trace(fn, x, y, *vars_)
 
 
 _REDUCERS = {"Add": "reduce_sum", "Mul": "reduce_prod", "ScalarMaximum": "reduce_max", "Maximum": "reduce_max",
@@ -462,13 +782,14 @@ def _static_index(index) -> tuple | None:
 
 # ---- scalar ops (inside Elemwise and Composite) -----------------------------------------
 
-def _scalar_op(b: Builder, sop, vals: list[Var], out_dtypes: list[str], node) -> list[Var]:
+def _scalar_op(cv: Converter, sop, vals: list[Var], out_dtypes: list[str], node) -> list[Var]:
     """Apply scalar op `sop` elementwise to `vals`: a Composite's inner graph is walked node by node."""
+    b = cv.b
     if type(sop).__name__ == "Composite":
         env = dict(zip(sop.fgraph.inputs, vals))
         for n in sop.fgraph.toposort():
             ins = [env[v] if v in env else b.const(np.asarray(v.data, v.type.dtype)) for v in n.inputs]
-            for o, r in zip(n.outputs, _scalar_op(b, n.op, ins, [o.type.dtype for o in n.outputs], n)):
+            for o, r in zip(n.outputs, _scalar_op(cv, n.op, ins, [o.type.dtype for o in n.outputs], n)):
                 env[o] = r
         return [env[o] if o in env else b.const(np.asarray(o.data, o.type.dtype)) for o in sop.fgraph.outputs]
     fn = SCALARS.get(type(sop).__name__)
@@ -479,6 +800,8 @@ def _scalar_op(b: Builder, sop, vals: list[Var], out_dtypes: list[str], node) ->
         except _NoConverter:
             pass
     # a scalar op we do not know: PyTensor's JAX implementation of it, applied elementwise
+    cv.fallback += 1
+    cv.fallback_ops.append(type(sop).__name__)
     jf = _jax_funcify()(sop, node=node)
     shape = tuple(np.broadcast_shapes(*[v.shape for v in vals]))
     out = b.trace(lambda *a: jf(*a), *[b.broadcast_to(v, shape) for v in vals])
@@ -491,12 +814,20 @@ def _full(b: Builder, vals):
     return [b.broadcast_to(v, shape) for v in vals]
 
 
+_BOOL_ARITH = {"add": "or", "mul": "and", "max": "or", "min": "and"}
+
+
 def _arith(prim: str):
     def fn(b, dts, *vals):
+        p = prim
+        if dts[0] == "bool":  # PyTensor's boolean arithmetic: + is or, * is and (numpy's rules)
+            p = _BOOL_ARITH.get(prim, prim if prim in ("and", "or", "xor") else None)
+            if p is None:
+                raise _NoConverter
         vals = [b.convert(v, dts[0]) for v in vals]
         out = vals[0]
         for v in vals[1:]:  # PyTensor's Add/Mul are n-ary
-            out = b.bind(prim, out, v)
+            out = b.bind(p, out, v)
         return out
     return fn
 
@@ -527,9 +858,18 @@ for _n, _p in [("EQ", "eq"), ("NEQ", "ne"), ("LT", "lt"), ("LE", "le"), ("GT", "
     register_scalar(_n)(_compare(_p))
 
 
-@register_scalar("Floor", "Ceil")
-def _floor_ceil(b, dts, x):
-    raise _NoConverter  # PyTensor's integer/float result rules differ by version: use its own
+@register_scalar("Floor")
+def _floor(b, dts, x):
+    if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        return b.convert(x, dts[0])
+    return b.convert(b.floor(x), dts[0])
+
+
+@register_scalar("Ceil")
+def _ceil(b, dts, x):
+    if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        return b.convert(x, dts[0])
+    return b.convert(b.ceil(x), dts[0])
 
 
 @register_scalar("Identity", "Cast")
@@ -539,8 +879,7 @@ def _cast(b, dts, x):
 
 @register_scalar("Sqr")
 def _sqr(b, dts, x):
-    x = b.convert(x, dts[0])
-    return x * x
+    return b.integer_pow(b.convert(x, dts[0]), 2)  # as jnp.square / x ** 2: one equation, a cheaper gradient
 
 
 @register_scalar("Reciprocal")
@@ -552,6 +891,9 @@ def _reciprocal(b, dts, x):
 def _pow(b, dts, x, y):
     if not np.issubdtype(np.dtype(dts[0]), np.inexact):
         raise _NoConverter  # integer powers: jnp.power semantics via the fallback
+    k = y.value.literal if y.value.is_literal else None
+    if k is not None and float(k) == int(k) and abs(int(k)) <= 4 and y.ndim == 0:
+        return b.integer_pow(b.convert(x, dts[0]), int(k))  # x ** 2 as jnp writes it: integer_pow
     return b.pow(*_full(b, [b.convert(x, dts[0]), b.convert(y, dts[0])]))
 
 
@@ -585,7 +927,46 @@ def _isnan(b, dts, x):
 
 @register_scalar("Softplus")
 def _softplus(b, dts, x):
-    raise _NoConverter  # PyTensor uses a piecewise formula: keep its numerics
+    """PyTensor's piecewise formula (pytensor/scalar/math.py Softplus.static_impl), branch for branch."""
+    x = b.convert(x, dts[0])
+    c = lambda v: b.const(np.array(v, dts[0]))
+    mid = b.log1p(b.exp(x))
+    out = b.select_n(b.lt(x, c(33.3)), x, x + b.exp(b.neg(x)))
+    out = b.select_n(b.lt(x, c(18.0)), out, mid)
+    return b.select_n(b.lt(x, c(-37.0)), out, b.exp(x))
+
+
+@register_scalar("IsInf")
+def _isinf(b, dts, x):
+    if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        return b.broadcast_to(b.const(np.array(False)), tuple(x.shape))
+    return b.eq(b.abs(x), b.const(np.array(np.inf, x.dtype)))
+
+
+@register_scalar("Erfcx")
+def _erfcx(b, dts, x):
+    """exp(x²)·erfc(x), with its asymptotic series for x ≥ 12 where erfc underflows (error < 1e-15)."""
+    x = b.convert(x, dts[0])
+    c = lambda v: b.const(np.array(v, dts[0]))
+    big = b.lt(x, c(12.0))
+    xs = b.select_n(big, c(0.0), x)              # keep the unused branch finite (its gradient too)
+    direct = b.exp(b.integer_pow(xs, 2)) * b.erfc(xs)
+    xl = b.select_n(big, x, c(12.0))
+    inv2 = b.div(c(1.0), b.integer_pow(xl, 2) * c(2.0))
+    series, term = c(1.0), c(1.0)
+    for k in range(1, 12):
+        term = term * b.neg(inv2) * c(2 * k - 1)
+        series = series + term
+    asym = series / (xl * c(np.sqrt(np.pi)))
+    return b.select_n(big, asym, direct)
+
+
+@register_scalar("Log1mexp")
+def _log1mexp(b, dts, x):
+    """log(1 - exp(x)), PyTensor's switch at log(0.5) (pytensor/scalar/math.py Log1mexp)."""
+    x = b.convert(x, dts[0])
+    lo = b.lt(x, b.const(np.array(np.log(0.5), dts[0])))
+    return b.select_n(lo, b.log(b.neg(b.expm1(x))), b.log1p(b.neg(b.exp(x))))
 
 
 _registered = False

@@ -1,0 +1,131 @@
+"""PyMC models: PyTensor's JAX backend (`pymc.sampling.jax.get_jaxified_graph`) vs jaxform, in one run.
+
+Per model: conversion ms (PyMC logp graph → JAX callable; min of 3), first-call ms (jit compile + first
+value-and-grad), steady-state µs (value-and-grad, interleaved min of N), and jaxform with rewrite=False.
+Then a large unrolled hierarchical model with conversion time broken down (PyMC's logp graph, PyTensor's
+rewrites, jaxform's conversion) and the time to the first gradient, at several sizes.
+
+Needs the PyMC environment (`.ci/pymc.sh` builds it):
+    .venv-pymc/bin/python benchmarks/pymc.py [--quick]
+"""
+import os
+import sys
+import time
+import warnings
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]  # this file is named like the package
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests", "frontends"),
+                os.path.join(os.path.dirname(__file__), "..")]
+warnings.simplefilter("ignore")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+import numpy as np  # noqa: E402
+
+from jaxform.frontends import pymc as jpm  # noqa: E402
+from pymc.sampling.jax import get_jaxified_graph  # noqa: E402
+from pymc_models import MODELS, large_hierarchical  # noqa: E402
+
+
+def _vg_pytensor(model):
+    f = get_jaxified_graph(model.value_vars, [model.logp()])
+    return jax.jit(jax.value_and_grad(lambda *a: f(*a)[0], argnums=tuple(range(len(model.value_vars)))))
+
+
+def _vg_jaxform(model, rewrite=True):
+    g, names = jpm.model_graph(model, rewrite=rewrite)
+    from jaxform import to_function
+    f = to_function(g)
+    return jax.jit(jax.value_and_grad(f, argnums=tuple(range(len(names)))))
+
+
+def _min_time(fn, n=3):
+    best, out = float("inf"), None
+    for _ in range(n):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def _first_call(vg, args):
+    t = time.perf_counter()
+    jax.block_until_ready(vg(*args))
+    return time.perf_counter() - t
+
+
+def _steady(fns, args, n=200):
+    best = [float("inf")] * len(fns)
+    for _ in range(5):
+        for i, f in enumerate(fns):
+            t = time.perf_counter()
+            for _ in range(n // 5):
+                jax.block_until_ready(f(*args))
+            best[i] = min(best[i], (time.perf_counter() - t) / (n // 5))
+    return best
+
+
+def per_model(names):
+    print(f"{'model':28s} {'conv ms PT/jf/jf-norw':>24s} {'first ms PT/jf':>16s} {'steady µs PT/jf':>18s} ratio")
+    for name in names:
+        model = MODELS[name]()
+        pt = model.initial_point()
+        args = [pt[v.name] for v in model.value_vars]
+        try:
+            c_pt, vg_pt = _min_time(lambda: _vg_pytensor(model))
+        except Exception as e:  # PyTensor's JAX backend lacks e.g. erfcx (censored/truncated models)
+            c_pt, vg_pt = None, None
+            why = f"{type(e).__name__}"
+        c_jf, vg_jf = _min_time(lambda: _vg_jaxform(model))
+        c_nr, _ = _min_time(lambda: _vg_jaxform(model, rewrite=False))
+        f_jf = _first_call(vg_jf, args)
+        if vg_pt is None:
+            s_jf, = _steady([vg_jf], args)
+            print(f"{name:28s} {'n/a':>7s}/{c_jf*1e3:7.1f}/{c_nr*1e3:7.1f} {'n/a':>7s}/{f_jf*1e3:7.0f} "
+                  f"{'n/a':>8s}/{s_jf*1e6:8.1f}  (PyTensor JAX backend: {why})")
+            continue
+        f_pt = _first_call(vg_pt, args)
+        s_pt, s_jf = _steady([vg_pt, vg_jf], args)
+        print(f"{name:28s} {c_pt*1e3:7.1f}/{c_jf*1e3:7.1f}/{c_nr*1e3:7.1f} {f_pt*1e3:7.0f}/{f_jf*1e3:7.0f} "
+              f"{s_pt*1e6:8.1f}/{s_jf*1e6:8.1f}  {s_jf/s_pt:.2f}x")
+
+
+def large(groups_list):
+    print("\nlarge hierarchical model (one Normal per group): seconds")
+    print(f"{'groups':>6s} {'nodes':>6s} {'logp graph':>10s} {'PT rewrite':>10s} {'jf convert':>10s} "
+          f"{'jf share':>8s} {'PT->first grad':>14s} {'jf->first grad':>14s} {'jf norw->first':>14s}")
+    for groups in groups_list:
+        model = large_hierarchical(groups=groups)
+        pt = model.initial_point()
+        args = [pt[v.name] for v in model.value_vars]
+        t0 = time.perf_counter()
+        logp = model.logp()
+        t_logp = time.perf_counter() - t0
+        from pytensor.graph.fg import FunctionGraph
+        nodes = len(FunctionGraph(model.value_vars, [logp], clone=False).apply_nodes)
+        res = {}
+        for label, rewrite in (("jf", True), ("norw", False)):
+            stats = {}
+            t = time.perf_counter()
+            g, names = jpm.model_graph(model, rewrite=rewrite, stats=stats)
+            from jaxform import to_function
+            vg = jax.jit(jax.value_and_grad(to_function(g), argnums=tuple(range(len(names)))))
+            jax.block_until_ready(vg(*args))
+            res[label] = (time.perf_counter() - t, stats)
+        t = time.perf_counter()
+        vg = _vg_pytensor(model)
+        jax.block_until_ready(vg(*args))
+        t_pt = time.perf_counter() - t
+        st = res["jf"][1]
+        share = st["time_convert_s"] / (st["time_convert_s"] + st["time_rewrite_s"] + t_logp)
+        print(f"{groups:6d} {nodes:6d} {t_logp:10.2f} {st['time_rewrite_s']:10.2f} {st['time_convert_s']:10.2f} "
+              f"{share:8.0%} {t_pt:14.2f} {res['jf'][0]:14.2f} {res['norw'][0]:14.2f}")
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    per_model(["eight_schools_noncentered", "radon", "logistic", "gp_marginal", "stochastic_volatility",
+               "exp_smoothing_scan", "censored_normal"] if quick else sorted(MODELS))
+    large([20, 200] if quick else [20, 200, 400])

@@ -1,0 +1,141 @@
+"""PyMC models → JAX logp functions, built as jaxprs by the PyTensor front end.
+
+PyMC's JAX samplers call `pymc.sampling.jax.get_jaxified_graph`, which rewrites the
+graph with PyTensor's JAX mode and re-traces `jax.numpy` code op by op. Here the
+model's logp graph is converted straight into lax equations instead
+(`jaxform.frontends.pytensor`), with PyMC's plumbing done automatically:
+
+* shared variables (`pm.Data`, coords-sized dims) become constants, as in PyMC's own JAX path;
+* value variables whose PyTensor type leaves a dim unknown get the static shape of
+  the model's initial point (or, through `get_jaxified_graph`, of the arrays it is called with).
+
+    from jaxform.frontends import pymc as jpm
+    logp = jpm.logp_fn(model)                        # f({value var name: array}) -> scalar
+    vg = jpm.value_and_grad_fn(model)                # f(point) -> (logp, {name: dlogp})
+    with jpm.jaxify():                               # pm.sample(nuts_sampler="numpyro") uses jaxform
+        idata = pm.sample(nuts_sampler="numpyro")
+
+PyMC is an optional dependency: importing this module does not import it.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from ..ir import Graph
+from ..optimize import to_function
+from . import pytensor as jpt
+
+
+def _replace_shared(outputs: Sequence) -> list:
+    """Shared variables (pm.Data, coords) → constants of their current value, like PyMC's JAX path.
+
+    A shared variable with a default update (an RNG state) cannot be frozen: that is an error.
+    """
+    from pytensor.compile.sharedvalue import SharedVariable
+    try:
+        from pytensor.graph.traversal import graph_inputs
+    except ImportError:  # pytensor < 2.32
+        from pytensor.graph.basic import graph_inputs
+    from pytensor.graph.replace import clone_replace
+    import pytensor.tensor as pt
+    shared = [v for v in graph_inputs(outputs) if isinstance(v, SharedVariable)]
+    if not shared:
+        return list(outputs)
+    for v in shared:
+        if getattr(v, "default_update", None) is not None:
+            raise jpt.ConversionError(f"jaxform: the graph uses shared variable {v.name or v} that has a default "
+                                      "update (random state); a logp graph must not draw random numbers")
+    return clone_replace(list(outputs), replace={v: pt.constant(v.get_value(borrow=True), name=v.name,
+                                                                 dtype=v.type.dtype) for v in shared})
+
+
+def model_graph(model, outputs=None, *, jacobian: bool = True, rewrite: bool = True,
+                stats: dict | None = None) -> tuple[Graph, list[str]]:
+    """The jaxform Graph of a model's joint logp (or `outputs`) over its value variables.
+
+    Returns (graph, names): the graph takes the value variables in `names` order.
+    stats: if a dict, receives conversion counts (`fallback` is 0 when every op converted
+    natively) and `time_rewrite_s` / `time_convert_s`.
+    """
+    outs = [model.logp(jacobian=jacobian)] if outputs is None else list(outputs)
+    point = model.initial_point()
+    inputs = list(model.value_vars)
+    shapes = [np.shape(point[v.name]) for v in inputs]
+    outs = _replace_shared(outs)
+    g = jpt.to_graph(inputs, outs[0] if outputs is None else outs, shapes=shapes, rewrite=rewrite, stats=stats)
+    return g, [v.name for v in inputs]
+
+
+def logp_fn(model, *, jacobian: bool = True, rewrite: bool = True, jit: bool = True) -> Callable:
+    """f(point) -> the model's joint logp, for `point` a dict {value variable name: array}.
+
+    Composes with jax.grad/vmap; values have the model's initial-point shapes.
+    """
+    g, names = model_graph(model, jacobian=jacobian, rewrite=rewrite)
+    flat = to_function(g)
+
+    def logp(point: dict) -> jax.Array:
+        return flat(*[point[n] for n in names])
+    logp.names = names
+    return jax.jit(logp) if jit else logp
+
+
+def value_and_grad_fn(model, *, jacobian: bool = True, rewrite: bool = True, jit: bool = True) -> Callable:
+    """f(point) -> (logp, {name: dlogp/dvalue}) by jax.value_and_grad of `logp_fn`."""
+    vg = jax.value_and_grad(logp_fn(model, jacobian=jacobian, rewrite=rewrite, jit=False))
+    return jax.jit(vg) if jit else vg
+
+
+def get_jaxified_graph(inputs=None, outputs=None, *, rewrite: bool = True) -> Callable:
+    """Drop-in for `pymc.sampling.jax.get_jaxified_graph`: f(*input values) -> list of outputs.
+
+    Shapes are read from the arguments at call (trace) time and each shape set is
+    converted once, so value variables with unknown dims need no declaration.
+    """
+    inputs, outputs = list(inputs), _replace_shared(list(outputs))
+    cache: dict[tuple, Callable] = {}
+
+    def fn(*args):
+        key = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)) for a in args)
+        f = cache.get(key)
+        if f is None:
+            g = jpt.to_graph(inputs, list(outputs), shapes=[k[0] for k in key], rewrite=rewrite)
+            f = cache[key] = to_function(g)
+        out = f(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+    return fn
+
+
+@contextlib.contextmanager
+def jaxify(*, rewrite: bool = True):
+    """Within the block, PyMC's JAX samplers (numpyro, blackjax) build their logp with jaxform.
+
+    Patches `pymc.sampling.jax.get_jaxified_graph`; restores it on exit.
+    """
+    import pymc.sampling.jax as pmjax
+    old = pmjax.get_jaxified_graph
+    pmjax.get_jaxified_graph = lambda inputs=None, outputs=None: get_jaxified_graph(inputs, outputs,
+                                                                                     rewrite=rewrite)
+    try:
+        yield
+    finally:
+        pmjax.get_jaxified_graph = old
+
+
+def conversion_times(model, *, rewrite: bool = True) -> dict[str, float]:
+    """Seconds spent building PyMC's logp graph, in PyTensor's rewrites, and in jaxform's conversion."""
+    t0 = time.perf_counter()
+    out = _replace_shared([model.logp()])
+    t1 = time.perf_counter()
+    stats: dict[str, Any] = {}
+    point = model.initial_point()
+    jpt.to_graph(list(model.value_vars), out, shapes=[np.shape(point[v.name]) for v in model.value_vars],
+                 rewrite=rewrite, stats=stats)
+    t2 = time.perf_counter()
+    return {"logp_graph": t1 - t0, "rewrite": stats.get("time_rewrite_s", 0.0),
+            "convert": stats.get("time_convert_s", 0.0), "total": t2 - t0 + stats.get("time_rewrite_s", 0) * 0}

@@ -1,0 +1,127 @@
+"""PyMC models converted by jaxform: every op native, logp and gradient equal PyTensor's C backend.
+
+Needs PyMC (its own environment: PyMC pins pytensor 2.38; `.ci/pymc.sh` builds it); skipped without.
+"""
+import numpy as np
+import pytest
+
+import jax
+
+
+def test_module_imports_without_pymc():
+    """jaxform.frontends.pymc imports PyMC lazily (it is an optional extra)."""
+    from jaxform.frontends import pymc as jpm
+    assert callable(jpm.logp_fn) and callable(jpm.get_jaxified_graph)
+
+
+pm = pytest.importorskip("pymc")
+
+from jaxform.frontends import pymc as jpm  # noqa: E402
+from pymc_models import MODELS  # noqa: E402  (tests/frontends is on sys.path for this module)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def x64():
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+def _points(model, k=2, seed=0):
+    """The initial point and k jittered points (value-variable space)."""
+    rng = np.random.default_rng(seed)
+    ip = model.initial_point()
+    pts = [ip]
+    for _ in range(k):
+        pts.append({n: np.asarray(v + 0.3 * rng.normal(size=np.shape(v)), dtype=v.dtype) for n, v in ip.items()})
+    return pts
+
+
+# PyTensor's C `psi` (the gradient of gammaln in its symbolic dlogp) is accurate to ~1e-8; in these models
+# jaxform's gradient equals jax.grad of PyTensor's own JAX backend to 1e-13 and a Richardson finite difference
+# of the C logp to 1e-9, while the C dlogp is 1.6e-8 off (measured at the initial point).
+PSI_GRAD = {"robust_regression_dims", "stochastic_volatility"}
+
+
+@pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_matches_c_backend(name, rewrite):
+    """rewrite=True: the graph PyMC compiles, at rtol 1e-10. rewrite=False: the graph as PyMC builds it, which
+    computes some constants in float32 (e.g. log(float32(2))) that PyTensor's rewrites compute in float64, so
+    it differs from PyMC's numbers by up to ~5e-7 absolute (2e-8 relative): compared at rtol 5e-8."""
+    model = MODELS[name]()
+    stats = {}
+    g, names = jpm.model_graph(model, rewrite=rewrite, stats=stats)
+    assert stats["fallback"] == 0, stats["fallback_ops"]
+    prims = {n.name for n, _ in g.walk()}
+    assert not prims & {"jit", "pjit", "closed_call", "pure_callback"}, prims
+    c_logp, c_dlogp = model.compile_logp(), model.compile_dlogp()
+    tol = 1e-10 if rewrite else 5e-8
+    vg = jpm.value_and_grad_fn(model, rewrite=rewrite)
+    for pt in _points(model):
+        want = c_logp(pt)
+        got, grad = vg(pt)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
+        flat = np.concatenate([np.ravel(grad[n]) for n in names])
+        # compile_dlogp orders the gradient by model.value_vars, as `names` does
+        rtol = 5e-8 if name in PSI_GRAD else tol
+        np.testing.assert_allclose(flat, c_dlogp(pt), rtol=rtol, atol=1e-9)
+
+
+def test_poisson_zero_count_bool_arithmetic():
+    """PyTensor multiplies booleans (the Poisson logp of a zero count); that converts to `and`."""
+    g, _ = jpm.model_graph(MODELS["poisson_zeros"](), rewrite=False)
+    assert "and" in {n.name for n, _ in g.walk()}
+
+
+def test_squares_are_integer_pow():
+    g, _ = jpm.model_graph(MODELS["eight_schools_noncentered"](), rewrite=False)
+    prims = [n.name for n, _ in g.walk()]
+    assert "integer_pow" in prims
+
+
+def test_scan_is_lax_scan():
+    g, _ = jpm.model_graph(MODELS["ar2_scan"]())
+    assert "scan" in {n.name for n, _ in g.walk()}
+
+
+def test_data_and_coords_become_constants():
+    """pm.Data values are frozen at conversion, like PyMC's JAX path; set_data + reconvert sees new data."""
+    model = MODELS["robust_regression_dims"]()
+    f = jpm.logp_fn(model)
+    pt = model.initial_point()
+    before = f(pt)
+    with model:
+        pm.set_data({"y_obs": np.zeros(30)})
+    np.testing.assert_allclose(jpm.logp_fn(model)(pt), model.compile_logp()(pt), rtol=1e-10)
+    assert not np.allclose(before, jpm.logp_fn(model)(pt))
+
+
+def test_get_jaxified_graph_dropin_matches_pymc():
+    from pymc.sampling.jax import get_jaxified_graph
+    model = MODELS["radon"]()
+    ours = jpm.get_jaxified_graph(model.value_vars, [model.logp()])
+    theirs = get_jaxified_graph(model.value_vars, [model.logp()])
+    pt = model.initial_point()
+    args = [pt[v.name] for v in model.value_vars]
+    np.testing.assert_allclose(ours(*args)[0], theirs(*args)[0], rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(lambda *a: ours(*a)[0])(*args), theirs(*args)[0], rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eight_schools_noncentered", "logistic", "exp_smoothing_scan"])
+def test_nuts_posterior_matches_pytensor_jax_backend(name):
+    """pm.sample(nuts_sampler="numpyro") inside jpm.jaxify(): posterior means within Monte Carlo error."""
+    pytest.importorskip("numpyro")
+    kw = dict(nuts_sampler="numpyro", draws=500, tune=500, chains=2, progressbar=False, random_seed=1,
+              compute_convergence_checks=False)
+    with MODELS[name]():
+        ref = pm.sample(**kw)
+    with MODELS[name](), jpm.jaxify():
+        ours = pm.sample(**{**kw, "random_seed": 2})
+    for var in ref.posterior.data_vars:
+        a, b = ref.posterior[var].values, ours.posterior[var].values
+        a, b = a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:])
+        se = np.sqrt(a.var(0) / len(a) * 10 + b.var(0) / len(b) * 10)  # ESS ≥ n/10
+        assert np.all(np.abs(a.mean(0) - b.mean(0)) <= 4 * se + 1e-8), var
