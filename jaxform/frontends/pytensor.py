@@ -45,7 +45,8 @@ def register(*op_types: type):
     """Register a converter `conv(cv: Converter, node, *inputs)` for PyTensor op classes."""
     def deco(fn):
         for t in op_types:
-            CONVERTERS[t] = fn
+            if t is not None:   # an op class this PyTensor version does not have
+                CONVERTERS[t] = fn
         return fn
     return deco
 
@@ -391,8 +392,12 @@ def _register_all():
         return cv.b.broadcast_to(cv.value(value, node.outputs[0].type.dtype), shape)
 
     @register(tb.Join)
-    def join(cv, node, axis, *xs):
-        axis = int(cv.static(axis, node, "the axis"))
+    def join(cv, node, *inputs):
+        # pytensor <= 3.0: the axis is the first (symbolic) input; later versions: a property of the op
+        if getattr(node.op, "axis", None) is not None:
+            axis, xs = node.op.axis, inputs
+        else:
+            axis, xs = int(cv.static(inputs[0], node, "the axis")), inputs[1:]
         dt = node.outputs[0].type.dtype
         return cv.b.concatenate([cv.value(x, dt) for x in xs], axis)
 
@@ -460,7 +465,7 @@ def _register_pymc_ops(tb, st):
             return body(xv, idx[0] if len(idx) == 1 else idx)
         return cv.b.trace(fn, cv.value(x), *vars_)
 
-    @register(st.AdvancedSubtensor1, st.AdvancedSubtensor)
+    @register(getattr(st, "AdvancedSubtensor1", None), st.AdvancedSubtensor)
     def adv_subtensor(cv, node, x, *idx):
         return dyn_index(cv, x, index_of(node, idx), lambda xv, i: xv[i])
 
@@ -472,7 +477,7 @@ def _register_pymc_ops(tb, st):
             return cv.b.index(cv.value(x), static)
         return dyn_index(cv, x, _index_parts(index), lambda xv, i: xv[i])  # runtime bounds: dynamic_slice
 
-    @register(st.AdvancedIncSubtensor1, st.AdvancedIncSubtensor, st.IncSubtensor)
+    @register(getattr(st, "AdvancedIncSubtensor1", None), st.AdvancedIncSubtensor, st.IncSubtensor)
     def adv_inc_subtensor(cv, node, x, y, *idx):
         if type(node.op) is st.IncSubtensor:
             out = _inc_subtensor_static(cv, node, x, y, idx)
