@@ -43,6 +43,8 @@ class Report:
     time_s: tuple | None = None
     reps: int = 0
     unfused: list = field(default_factory=list)   # why a scan's stacked outputs stayed (fuse_scan_reductions)
+    loops: list = field(default_factory=list)     # what each loop remembers under grad (remat_loops)
+    grad_temp_bytes: tuple | None = None          # XLA temp memory of the gradient, before/after loop planning
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +67,16 @@ class Report:
         for u in self.unfused:
             lines.append(f"  scan {u['scan'] or '(no source line)'}: stacked outputs not fused: "
                          f"{u['consumer']} at {u['where'] or '(no source line)'} blocks it: {u['why']}")
+        for lp in self.loops:
+            if lp["schedule"] is None:
+                lines.append(f"  loop {lp['where'] or '(no source line)'}: left as is under grad: {lp['why']}")
+                continue
+            lines.append(f"  loop {lp['where'] or '(no source line)'} ({lp['length']} steps): under grad keeps "
+                         f"{lp['schedule']}: predicted {fmt_bytes(lp['predicted'][0])} -> {fmt_bytes(lp['predicted'][1])}"
+                         f", recompute {lp['recompute']}x the body")
+        if self.grad_temp_bytes:
+            g0, g1 = self.grad_temp_bytes
+            lines.append(f"  gradient (measured, XLA temp memory): {fmt_bytes(g0)} -> {fmt_bytes(g1)}")
         lines.append(f"  total: equations {self.eqns[0]} -> {self.eqns[1]}")
         if self.temp_bytes:
             lines[-1] += f", XLA temp memory {fmt_bytes(self.temp_bytes[0])} -> {fmt_bytes(self.temp_bytes[1])}"
@@ -99,19 +111,27 @@ def _with_stats(p, stats: dict):
 
 
 def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: bool = True,
-            measure: bool = False, reps: int = 5, progress: bool = False) -> Report:
+            measure: bool = False, reps: int = 5, progress: bool = False, loop_memory="default") -> Report:
     """Run the pipeline on `fn(*args)` and report each pass that changed the program.
 
     args: arrays or `jax.ShapeDtypeStruct`s (pytrees of them); `measure=True`
     needs concrete values and draws random ones for ShapeDtypeStructs.
-    memory: compile each changed stage to read XLA temp memory (one compile per stage).
+    memory: compile each changed stage to read XLA temp memory (one compile per stage), and
+        the gradient before/after loop planning.
+    loop_memory: `optimize`'s `memory=` setting; as there, "auto" with the default pipeline.
+        Each loop's schedule, predicted bytes and recompute factor are reported.
     progress: print long steps (compile, measurement) on stderr.
     """
     step = program.Progress(progress)
     with step(f"tracing {program.fn_name(fn)}"):
         closed, flat = program.trace_flat(fn, args)
     stats: dict = {}
+    if loop_memory == "default":
+        loop_memory = "auto" if passes is None else None
     pipe = [_with_stats(p, stats) for p in program.pipeline(passes)]
+    if loop_memory is not None:
+        from ..passes.remat_loops import with_memory
+        pipe.append(with_memory(loop_memory))
     stages: list = []
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
@@ -138,6 +158,14 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     report.eqns = (len(Graph.from_jaxpr(closed)), len(Graph.from_jaxpr(after)))
     if "fuse_scan_reductions" in report.passes:
         report.unfused = unfused_scans(Graph.from_jaxpr(after))
+    if loop_memory is not None:
+        planned = [a for name, b, a in stages if name.startswith("remat_loops")]
+        unplanned = next((b for name, b, a in stages if name.startswith("remat_loops")), after)
+        report.loops = loop_plans(Graph.from_jaxpr(unplanned), loop_memory)
+        if memory and planned:
+            with step("compiling the gradient before/after loop planning for XLA's memory analysis"):
+                report.grad_temp_bytes = (program.grad_temp_bytes(unplanned, flat),
+                                          program.grad_temp_bytes(planned[0], flat))
     if memory:
         report.temp_bytes = (mem(closed), mem(after))
     if measure:
@@ -147,6 +175,22 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         with step(f"measuring time (jit, min of {reps})"):
             report.time_s = tuple(program.min_time(fns, values, reps))
     return report
+
+
+def loop_plans(graph: Graph, memory) -> list[dict]:
+    """Per scan: the schedule `remat_loops` picks under `memory`, or why the loop is left as is."""
+    from ..passes.remat_loops import choose, plan, reschedulable_why
+    plans = plan(graph)
+    choose(plans, memory)
+    out = [{"where": program.short_location(n.location()) if n.location() else "", "length": p.length,
+            "schedule": p.schedule, "predicted": (p.predicted_bytes("keep"), p.predicted_bytes()),
+            "recompute": p.recompute(), "why": ""} for _, n, p in plans]
+    for n, _ in graph.walk():
+        if n.name == "scan" and (why := reschedulable_why(n)):
+            out.append({"where": program.short_location(n.location()) if n.location() else "",
+                        "length": n.params["length"], "schedule": None, "predicted": None, "recompute": 0,
+                        "why": why})
+    return out
 
 
 def unfused_scans(graph: Graph) -> list[dict]:

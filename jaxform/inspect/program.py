@@ -73,6 +73,21 @@ def temp_bytes(closed, flat) -> int:
     return int(jax.jit(as_function(closed)).lower(*specs).compile().memory_analysis().temp_size_in_bytes)
 
 
+def grad_temp_bytes(closed, flat) -> int | None:
+    """XLA temp memory of the gradient of the sum of the float outputs w.r.t. the float inputs (None: none)."""
+    floats = [i for i, x in enumerate(flat) if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)]
+    if not floats or not any(jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) for a in closed.out_avals):
+        return None
+    f = as_function(closed)
+
+    def loss(*xs):
+        return sum(jax.numpy.sum(o.real).astype(jax.numpy.float32) for o in f(*xs)
+                   if jax.numpy.issubdtype(o.dtype, jax.numpy.inexact))
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in flat]
+    g = jax.jit(jax.grad(loss, argnums=tuple(floats)))
+    return int(g.lower(*specs).compile().memory_analysis().temp_size_in_bytes)
+
+
 def concrete(flat, seed: int = 0) -> list:
     """Arrays for `jax.ShapeDtypeStruct` leaves (normal floats, zeros otherwise), others as given."""
     r = np.random.RandomState(seed)

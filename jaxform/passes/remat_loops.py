@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import jax
@@ -202,12 +203,19 @@ def _bytes(values) -> int:
 
 
 def _reschedulable(node: Node) -> bool:
+    return not reschedulable_why(node)
+
+
+def reschedulable_why(node: Node) -> str:
+    """'' if remat_loops may reschedule this scan, else why not (what `explain` says)."""
     body = node.regions["body"]
     if node.effects or any(n.effects for n, _ in body.walk()):
-        return False
+        return "it has effects (callbacks, refs, prints): recomputing a step would repeat them"
     if any(getattr(v.aval, "vma", None) for v in node.inputs + body.inputs):
-        return False
-    return node.params["length"] > 1
+        return "its values vary across shard_map devices"
+    if node.params["length"] <= 1:
+        return "a single step"
+    return ""
 
 
 def _sds(aval):
@@ -329,6 +337,10 @@ def _splice(graph: Graph, node: Node, sub: Graph) -> None:
     sub.set_outputs([])
     for old, new in zip(node.outputs, outs):
         graph.replace_uses(old, new)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for n, _ in sub.walk():   # the new loop structure stands where the user wrote the scan
+        if n.location().startswith(here):
+            n.source_info = node.source_info
     at = graph._nodes.index(node)
     for i, v in enumerate(node.inputs):
         v.uses.remove((node, i))

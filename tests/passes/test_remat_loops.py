@@ -338,3 +338,22 @@ def test_tight_budget_picks_revolve_and_fits():
     assert tight < sqrt
     fn, small = PROGRAMS["rnn_mse"]
     assert_pass_ok(with_memory(1), fn, *small, vmap=False)    # a budget of 1 byte: revolve with one slot
+
+
+def test_explain_reports_each_loop():
+    fn, args = PROGRAMS["rnn_mse"]
+    rep = jaxform.explain(fn, *args, loop_memory="min")
+    (loop,) = rep.loops
+    assert loop["schedule"] == "sqrt" and loop["length"] == 30 and loop["recompute"] == 2
+    assert loop["predicted"][1] < loop["predicted"][0] and "test_remat_loops.py" in loop["where"]
+    g0, g1 = rep.grad_temp_bytes
+    assert g1 < g0
+    assert "under grad keeps sqrt" in str(rep) and "jaxform/passes" not in str(rep)
+
+    def eff(w, xs):
+        def step(c, x):
+            jax.debug.callback(lambda v: None, c)
+            return jnp.sin(c * w + x), c
+        return lax.scan(step, jnp.zeros(3), xs)[0].sum()
+    (loop,) = jaxform.explain(eff, a(3), a(20, 3), memory=False).loops
+    assert loop["schedule"] is None and "effects" in loop["why"]
