@@ -14,7 +14,7 @@ from programs import B, H, L, algebraic, line_of, mse, rnn, rnn_args, twice
 def test_flagship_report():
     args = rnn_args(length=200)
     r = jaxform.explain(mse, *args)
-    assert isinstance(r, Report) and r.passes == list(jaxform.passes.DEFAULT)
+    assert isinstance(r, Report) and r.passes == list(jaxform.passes.DEFAULT) + ["remat_loops(memory='auto')"]
     assert [c.pass_name for c in r.changes] == ["fuse_scan_reductions"]
     c = r.changes[0]
     assert any(w.endswith(f"programs.py:{line_of(mse, 'MSE_LINE')} (mse)") for w in c.where)
@@ -31,7 +31,7 @@ def test_flagship_report():
 
 
 def test_counts_equations_inside_bodies():
-    r = jaxform.explain(rnn, *rnn_args()[:3], memory=False)
+    r = jaxform.explain(rnn, *rnn_args()[:3], memory=False, loop_memory=None)
     closed = jax.make_jaxpr(rnn)(*rnn_args()[:3])
     top = len(closed.jaxpr.eqns)
     body = len(closed.jaxpr.eqns[-1].params["jaxpr"].jaxpr.eqns)
