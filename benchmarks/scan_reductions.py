@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 
 import jaxform
+from jaxform.inspect.program import min_time
 
 QUICK = "--quick" in sys.argv
 L, B, H, D = (200, 64, 64, 16) if QUICK else (1000, 256, 128, 32)
@@ -125,16 +126,7 @@ def hlo(f, args) -> str:
 
 def runtimes(fs: dict, args) -> dict:
     """Min-of-REPS wall time of each jitted f; the versions take turns so that load drift hits all alike."""
-    jfs = {k: jax.jit(f) for k, f in fs.items()}
-    for jf in jfs.values():
-        jax.block_until_ready(jf(*args))
-    best = dict.fromkeys(fs, np.inf)
-    for _ in range(REPS):
-        for k, jf in jfs.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(jf(*args))
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
+    return dict(zip(fs, min_time([jax.jit(f) for f in fs.values()], args, REPS)))
 
 
 def compare(title, orig, hand, args, argnums, extra=None):

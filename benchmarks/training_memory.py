@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 
 import jaxform
+from jaxform.inspect.program import min_time
 
 QUICK = "--quick" in sys.argv
 REPS = 3 if QUICK else 7
@@ -71,16 +72,8 @@ def temp(f, args) -> int:
 
 
 def runtimes(fs: dict, args) -> dict:
-    jfs = {k: jax.jit(f) for k, f in fs.items()}
-    for jf in jfs.values():
-        jax.block_until_ready(jf(*args))
-    best = dict.fromkeys(fs, np.inf)
-    for _ in range(REPS):
-        for k, jf in jfs.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(jf(*args))
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
+    """Min-of-REPS wall time of each jitted f; the versions take turns so that load drift hits all alike."""
+    return dict(zip(fs, min_time([jax.jit(f) for f in fs.values()], args, REPS)))
 
 
 def compare(title, orig, hand, args, argnums):
