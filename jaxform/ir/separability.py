@@ -46,7 +46,7 @@ ELEMENTWISE = UNARY | BINARY | frozenset({"select_n", "clamp"})
 AXES_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                              "reduce_xor", "argmax", "argmin"})
 CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
-CALL_LIKE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call"})
+CALL_LIKE = frozenset({"pjit", "jit", "closed_call", "core_call", "eval_jaxpr", "remat2", "checkpoint", "custom_jvp_call"})
 
 
 class NotSeparable(Exception):

@@ -165,7 +165,7 @@ def _batched(graph: Graph, scan: Node, part: Graph, operands: list[Value], axes:
                   axis_size=scan.params["length"])
     specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in operands]
     batched = Graph.from_jaxpr(jax.make_jaxpr(fn)(*specs))
-    call = graph.add("closed_call", operands, {}, regions={"body": batched}, source_info=scan.source_info)
+    call = graph.add(_jax.CALL_PRIMITIVE, operands, {}, regions={"body": batched}, source_info=scan.source_info)
     graph._nodes.pop()
     ins = {id(i): o for i, o in zip(batched.inputs, operands)}
     outs = [ins.get(id(v), v) for v in batched.outputs]
