@@ -23,7 +23,7 @@ the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
 loss accumulator that is only added to is not one):
 
     memory="auto"  remat where R >= 2 C (the stored bytes at least halve) and the
-                   recomputation is cheap: F <= 80 FLOPs per byte no longer
+                   recomputation is cheap: F <= 100 FLOPs per byte no longer
                    stored (F: the body's FLOPs per step). Below that the smaller
                    working set pays for the extra forward; above it the body is
                    compute-bound and remat costs time (docs/remat.md).
@@ -59,10 +59,10 @@ SCHEDULES = ("keep", "remat", "sqrt", "revolve")
 TABLE_BYTES_PER_STEP = 16   # revolve's action table: about 4 int32 rows per step
 SQRT_MIN_LENGTH = 16
 # "auto" remats a body only where recomputing it costs at most this many FLOPs per byte it stops
-# storing: measured on CPU (benchmarks/training_memory.py --sweep), remat made RNN gradients faster
-# at 37-41 FLOP/B (0.79x, 0.58x the time) and slower at 137-265 FLOP/B (1.16-1.20x): the body is
-# then compute-bound (docs/remat.md). Untested on GPU, where the balance point is higher.
-MAX_FLOPS_PER_SAVED_BYTE = 80
+# storing. Measured on CPU (benchmarks/training_memory.py --sweep, docs/remat.md): at 37-81 FLOP/B
+# remat took 0.81-1.04x the time of keeping everything (JAX 0.10.2 and 0.12.0.1), at 137-529 FLOP/B
+# 1.13-1.31x: the body is then compute-bound. Untested on GPU, where the balance point is higher.
+MAX_FLOPS_PER_SAVED_BYTE = 100
 
 
 @dataclass
