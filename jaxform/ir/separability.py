@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from . import identity
 from .graph import Graph, Node, Value
 
 UNARY = frozenset({
@@ -54,22 +55,12 @@ class NotSeparable(Exception):
 
 
 def effect_free(v: Value) -> bool:
-    """Is `v` computed without any effectful node (transitively, bodies included)?
+    """Is `v` computed without any impure node (transitively)? The IR's one rule, `identity.effect_free`.
 
     A value that reads a ref or follows a callback must not be computed
     elsewhere (e.g. before a scan that writes that ref): its order is fixed.
     """
-    seen, todo = set(), [v]
-    while todo:
-        u = todo.pop()
-        n = u.producer
-        if n is None or id(n) in seen:
-            continue
-        seen.add(id(n))
-        if n.effects or any(m.effects for g in n.subgraphs() for m, _ in g.walk()):
-            return False
-        todo.extend(n.inputs)
-    return True
+    return identity.effect_free([v])
 
 
 def _drop(seq, i):
