@@ -40,7 +40,7 @@ from .inline import inline_call
 from .licm import TRIVIAL, _nbytes, _pure, _topo
 from .outline import outline
 
-NO_BATCH = frozenset({"cond", "while", "rng_uniform"})
+NO_BATCH = frozenset({"cond", "while"})   # (impure nodes, rng_uniform among them, never move: `_pure`)
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 # Batch matmuls (input projections) too? None: by backend, not on CPU. Measured on CPU (benchmarks/loops.py,
 # L=400, B=H=128): a hand-batched `xs @ U` made the RNN 0.8-0.95x as fast forward and 0.5-0.8x under grad

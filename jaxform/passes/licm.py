@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Graph, Node, Value
+from ..ir.identity import is_impure
 from ..ir.graph import OUT
 from ..ir.regions import CALLS
 from . import register
@@ -83,7 +84,9 @@ def _nbytes(aval) -> float:
 
 
 def _pure(node: Node) -> bool:
-    return not node.effects and not any(n.effects for g in node.subgraphs() for n, _ in g.walk())
+    """The IR's rule (`identity.is_impure`): effects, Refs and stateful RNG (`rng_uniform` draws anew
+    each step, with no effect to say so) never leave their loop."""
+    return not is_impure(node)
 
 
 def _input_effects(node: Node) -> bool:

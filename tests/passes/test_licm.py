@@ -455,3 +455,19 @@ def test_pull_back_grad_of_optimized():
     ref = jax.grad(ck_gram)(W, X)
     np.testing.assert_allclose(jax.grad(jaxform.optimize(ck_gram, passes=P, strict=True))(W, X), ref, rtol=1e-4)
     np.testing.assert_allclose(jaxform.optimize(jax.grad(ck_gram), passes=P, strict=True)(W, X), ref, rtol=1e-4)
+
+
+def test_rng_uniform_is_never_hoisted():
+    """`rng_uniform` draws anew at every step and has no effect to say so: it is impure (ir/identity.py),
+    so hoisting it as 'loop-invariant' would give every step the same draw. It stays in the loop."""
+    def f(x):
+        def body(c, _):
+            u = lax.rng_uniform(0., 1., (3,))
+            return c + u, u
+        return lax.scan(body, x, None, length=4)
+    g = hoist_loop_invariants(jaxform.trace(f, jnp.zeros(3)))
+    scan = next(n for n in g.nodes if n.name == "scan")
+    assert "rng_uniform" in [n.name for n in scan.regions["body"].nodes]
+    assert "rng_uniform" not in [n.name for n in g.nodes]
+    draws = jaxform.to_function(jaxform.passes.fission(jaxform.trace(f, jnp.zeros(3))))(jnp.zeros(3))[1]
+    assert not np.allclose(draws[0], draws[1])   # fission leaves it per step too
