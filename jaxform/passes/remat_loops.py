@@ -198,8 +198,8 @@ def _all_float(loop: ScanLoop) -> bool:
     return all(map(inexact, loop.node.inputs + loop.node.outputs))
 
 
-def _bytes(values) -> int:
-    return sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in values)
+def _bytes(avals) -> int:
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
 
 
 def _reschedulable(node: Node) -> bool:
@@ -255,7 +255,7 @@ def _residual_bytes(loop: ScanLoop, remat: bool = False) -> int:
         jax.eval_shape(probe, *[_sds(v.aval) for v in loop.body.inputs])
     except Exception:
         return 0   # cannot differentiate this body (integer-only, unusual primitives): keep it
-    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in found)
+    return _bytes(found)
 
 
 # ---- rewriting -------------------------------------------------------------------------
