@@ -53,6 +53,7 @@ from jax import lax
 
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop
+from ..ir.identity import is_impure
 from . import register, revolve
 
 SCHEDULES = ("keep", "remat", "sqrt", "revolve")
@@ -194,12 +195,12 @@ def body_flops(g: Graph) -> int:
 
 
 def _all_float(loop: ScanLoop) -> bool:
-    inexact = lambda v: np.issubdtype(np.dtype(v.aval.dtype), np.inexact)  # noqa: E731
+    inexact = lambda v: jax.numpy.issubdtype(v.aval.dtype, jax.numpy.inexact)  # noqa: E731 (typed keys: no)
     return all(map(inexact, loop.node.inputs + loop.node.outputs))
 
 
 def _bytes(avals) -> int:
-    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
+    return sum(math.prod(a.shape) * getattr(a.dtype, "itemsize", 8) for a in avals)   # typed keys have none
 
 
 def _reschedulable(node: Node) -> bool:
@@ -209,8 +210,9 @@ def _reschedulable(node: Node) -> bool:
 def reschedulable_why(node: Node) -> str:
     """'' if remat_loops may reschedule this scan, else why not (what `explain` says)."""
     body = node.regions["body"]
-    if node.effects or any(n.effects for n, _ in body.walk()):
-        return "it has effects (callbacks, refs, prints): recomputing a step would repeat them"
+    if is_impure(node):
+        return ("it has effects or impure primitives (callbacks, refs, prints, rng_uniform): recomputing "
+                "a step would repeat them or draw again")
     if any(getattr(v.aval, "vma", None) for v in node.inputs + body.inputs):
         return "its values vary across shard_map devices"
     if node.params["length"] <= 1:

@@ -357,3 +357,30 @@ def test_explain_reports_each_loop():
         return lax.scan(step, jnp.zeros(3), xs)[0].sum()
     (loop,) = jaxform.explain(eff, a(3), a(20, 3), memory=False).loops
     assert loop["schedule"] is None and "effects" in loop["why"]
+
+
+def test_impure_bodies_are_not_recomputed_pure_rng_and_custom_rules_are():
+    """Recomputing a step must give the same values: a stateful rng_uniform would draw again, so such a
+    loop is left as is; a keyed draw (pure given its key) and a custom_jvp rule are recomputed exactly."""
+    def stateful(w, xs):
+        return lax.scan(lambda c, x: (jnp.tanh(c * w + x + lax.rng_uniform(0., 1., (3,))), c), jnp.zeros(3), xs)
+    assert plan(jaxform.trace(stateful, a(3), a(20, 3))) == []
+    assert "rng_uniform" in jaxform.explain(stateful, a(3), a(20, 3), memory=False).loops[0]["why"]
+
+    @jax.custom_jvp
+    def softclip(x):
+        return jnp.tanh(x)
+    softclip.defjvp(lambda p, t: (softclip(p[0]), t[0] * 0.5))   # a rule that differs from tanh's derivative
+
+    def keyed(w, xs, key):
+        def step(c, x):
+            k, c = c
+            k, sub = jax.random.split(k)
+            return (k, softclip(c * w + x + jax.random.normal(sub, (3,)))), c
+        return lax.scan(step, (key, jnp.zeros(3)), xs)[0][1].sum()
+    args = (a(3), a(20, 3), jax.random.key(0))
+    f = jaxform.optimize(keyed, memory="min", strict=True)
+    assert any(n.name in REMAT for n, _ in jaxform.trace(f, *args).walk())
+    np.testing.assert_allclose(jax.jit(f)(*args), keyed(*args), rtol=1e-6)
+    for x, y in zip(jax.grad(f, (0, 1))(*args), jax.grad(keyed, (0, 1))(*args)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
