@@ -259,25 +259,29 @@ def test_optimize_grad_default_pipeline():
     assert in_loops(g_after) < in_loops(g_before)
 
 
-# XLA compiles these loops to other last bits once `exp(W).T` is hoisted (the transpose moves out since
+# XLA may compile these loops to other last bits once `exp(W).T` is hoisted (the transpose moves out since
 # 8e22aef; the dot then accumulates in another order, ~3e-6 apart); grad_checkpointed too with jaxlib 0.12.
+# Whether it does depends on the machine's CPU (XLA picks the dot's kernel by the vector units present: a strict
+# xfail passed on one CI machine and failed on another), so these are compared to float32 rounding instead.
 # The pass output is the same jaxpr on JAX 0.10 and 0.12 (compared as text): only XLA's code for it differs.
 XLA_REORDERS = {"fori_static", "fori_dynamic"} | ({"grad_checkpointed"} if _jax.JAX_VERSION >= (0, 12) else set())
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="XLA compiles the hoisted loop to other last bits")) if n in XLA_REORDERS else n
-    for n in sorted(set(CASES) - {"cond_in_scan"})])
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"cond_in_scan"}))
 def test_bit_exact_under_jit(name):
     """Same ops on the same values. (cond_in_scan differs in the last bits under XLA: XLA compiles the
-    two programs differently; the pass is exact op by op, see docs/licm.md.)"""
+    two programs differently; the pass is exact op by op, see docs/licm.md.) XLA_REORDERS: within float32
+    rounding, since XLA's dot kernel for the hoisted loop depends on the CPU."""
     fn, args, _, _ = CASES[name]
     out = jax.make_jaxpr(fn)(*args)
     new = run_passes(out, [hoist_loop_invariants], strict=True)
     assert in_loops(Graph.from_jaxpr(new)) < in_loops(Graph.from_jaxpr(out))
     run = lambda c: jax.jit(jax.extend.core.jaxpr_as_fun(c))(*args)   # noqa: E731
     for x, y in zip(jax.tree_util.tree_leaves(run(out)), jax.tree_util.tree_leaves(run(new))):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        if name in XLA_REORDERS:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 # ---- cond ---------------------------------------------------------------------------
