@@ -35,6 +35,7 @@ import jax
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
+from ..ir.separability import ELEMENTWISE
 from . import register
 from .inline import inline_call
 from .licm import TRIVIAL, _nbytes, _pure, _topo
@@ -166,9 +167,11 @@ def ys_only(loop: ScanLoop) -> list[Node]:
     such node (so nothing carried, and nothing staying in the loop, needs it),
     and every operand is a literal, a loop constant, another such node's result,
     or a value the loop stacks anyway: an `xs` row, or a `ys` whose stacked
-    result is read after the loop. So the move stacks nothing new: memory grows
-    at most by the batched part's intermediates. Pure, not cond/while, and
-    (on CPU) not a matmul, as for the pre-loop part.
+    result is read after the loop. So the move stacks nothing new, and
+    `split_after` also refuses parts with an intermediate XLA would materialize
+    for all steps (anything but elementwise and layout ops feeding another node
+    of the part): memory stays within the original peak. Pure, not cond/while,
+    and (on CPU) not a matmul, as for the pre-loop part.
     """
     body, k = loop.body, loop.num_carry
     no_batch = NO_BATCH if _batch_matmuls() else NO_BATCH | MATMULS
@@ -202,10 +205,10 @@ def split_after(graph: Graph, node: Node) -> bool:
             if o.uses and v.producer is not None and id(v.producer) in ids]
     if not live or not any(n.name not in TRIVIAL or n.regions for n in chosen):
         return False
-    outs = {o.id for n in chosen for o in n.outputs if any(u is OUT for u, _ in o.uses)}
-    inner = max((_nbytes(o.aval) for n in chosen for o in n.outputs if o.id not in outs), default=0)
-    budget = sum(_nbytes(v.aval) for v in loop.xs) + sum(_nbytes(v.aval) for v in loop.ys)
-    if loop.length * inner > budget:
+    # never beyond the original peak: the stacked ys it computes replace the loop's own; an intermediate
+    # is allowed only where XLA fuses it into its consumer (elementwise, layout), not a matmul's [L, ...]
+    if any(n.name not in ELEMENTWISE | TRIVIAL and any(all(u is not OUT for u, _ in o.uses) for o in n.outputs)
+           for n in chosen):
         return False
     call = outline(body, chosen, "fission_after", close_consts=True)
     outer_of = {v.id: o for v, o in zip(loop.body_consts, loop.consts)}

@@ -189,10 +189,10 @@ def out_times_xs(W, h, xs):                  # reads the stacked state and the x
     return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 * x + 1.0)), h, xs)
 
 
-def out_logits_chain(W, V, b, h, xs):        # projection, bias, log-softmax: all after the loop
+def out_logits_chain(W, V, b, h, xs):        # logits stacked too; bias and log-softmax after the loop
     def step(h, x):
         h2 = jnp.tanh(h @ W + x)
-        return h2, (h2, jax.nn.log_softmax(h2 @ V + b))
+        return h2, (h2, (p := h2 @ V), jax.nn.log_softmax(p + b))
     return lax.scan(step, h, xs)
 
 
@@ -202,6 +202,10 @@ def out_several(W, V, h, xs):                # two ys from one projection
         p = h2 @ V
         return h2, (h2, p, jnp.exp(p))
     return lax.scan(step, h, xs)
+
+
+def out_matmul_intermediate(W, V, h, xs):    # sigmoid(h2 @ V): the [L, ...] matmul result would be a new buffer
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, jax.nn.sigmoid(h2 @ V))), h, xs)
 
 
 def out_pytree_carry(W, V, h, xs):           # a counter in the carry; the stacked state projected
@@ -265,7 +269,8 @@ def out_dead_states(W, V, h, xs):            # the states are a ys nobody reads:
 
 
 UNCHANGED += [(out_proj_not_stacked, (W, V, H0, XH)), (out_feeds_carry, (W, V, H0, XH)),
-              (out_callback, (W, V, H0, XH)), (out_dead_states, (W, V, H0, XH))]
+              (out_callback, (W, V, H0, XH)), (out_dead_states, (W, V, H0, XH)),
+              (out_matmul_intermediate, (W, V, H0, XH))]
 
 
 def body_prims(closed) -> list[list[str]]:
