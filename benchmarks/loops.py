@@ -9,7 +9,10 @@ interleaved; the ratios orig/opt (> 1: faster) and hand/opt (1: as fast as
 by hand); XLA temp memory of original and optimized. The pipeline is
 `passes.DEFAULT` with `sum_then_pull_back` after `hoist_loop_invariants` and `fission` after
 `fuse_scan_reductions` (where DEFAULT does not list them yet).
-Run: .venv/bin/python benchmarks/loops.py [--quick] [--reps N] [--only NAME] [--without PASS ...]
+Also the seed itself returning (carry, ys), and an RNN returning its states
+and a projection of them (post-loop fission; on CPU the projection stays in
+the loop unless --batch-matmuls forces the batched rule).
+Run: .venv/bin/python benchmarks/loops.py [--quick] [--reps N] [--only NAME] [--without PASS ...] [--batch-matmuls]
 """
 import sys
 
@@ -32,6 +35,9 @@ if "fission" not in PIPE:
     PIPE.insert(PIPE.index("fuse_scan_reductions") + 1 if "fuse_scan_reductions" in PIPE else len(PIPE) - 1, "fission")
 if "sum_then_pull_back" not in PIPE:
     PIPE.insert(PIPE.index("hoist_loop_invariants") + 1, "sum_then_pull_back")
+if "--batch-matmuls" in sys.argv:   # force the GPU rule (matmuls batched before/after the loop) on CPU
+    import importlib
+    importlib.import_module("jaxform.passes.fission").BATCH_MATMULS = True
 for drop in [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--without"]:
     PIPE.remove(drop)
 R = np.random.RandomState(0)
@@ -49,6 +55,24 @@ def sincos(x1, x2, y):
 def sincos_hand(x1, x2, y):
     c = lax.scan(lambda c, _: (jnp.sin(c), None), x1, None, length=x2.shape[0])[0]
     return jnp.square(y - jnp.cos(x2)).mean() + 0 * jnp.sum(c)
+
+
+def seed_ys(x1, x2):                     # the seed itself: final carry and stacked cos
+    return lax.scan(lambda c, x: (jnp.sin(c), jnp.cos(x)), x1, x2)
+
+
+def seed_ys_hand(x1, x2):
+    return lax.scan(lambda c, _: (jnp.sin(c), None), x1, None, length=x2.shape[0])[0], jnp.cos(x2)
+
+
+def seed_ys_loss(x1, x2):
+    c, ys = seed_ys(x1, x2)
+    return jnp.sum(c) + jnp.sum(ys * ys)
+
+
+def seed_ys_loss_hand(x1, x2):
+    c, ys = seed_ys_hand(x1, x2)
+    return jnp.sum(c) + jnp.sum(ys * ys)
 
 
 # ---- RNN with an input projection -------------------------------------------------------
@@ -94,6 +118,26 @@ def proj_hand(W, U, V, h0, xs, t):
     return jnp.mean((hs @ V - t) ** 2)
 
 
+# ---- RNN returning states and their projection (post-loop fission: hs are stacked anyway) ---------
+def states(W, V, h0, xs):
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 @ V)), h0, xs)[1]
+
+
+def states_hand(W, V, h0, xs):
+    hs = lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), h2), h0, xs)[1]
+    return hs, hs @ V
+
+
+def states_loss(W, V, h0, xs):
+    hs, ps = states(W, V, h0, xs)
+    return jnp.sum(hs) + jnp.sum(ps ** 2)
+
+
+def states_loss_hand(W, V, h0, xs):
+    hs, ps = states_hand(W, V, h0, xs)
+    return jnp.sum(hs) + jnp.sum(ps ** 2)
+
+
 # ---- licm.py: grad of a checkpointed scan recomputing W @ W.T ---------------------------
 def ck_loss(W, x):
     body = jax.checkpoint(lambda c, _: (jnp.tanh((W @ W.T) @ c), None))
@@ -109,18 +153,22 @@ def ck_loss_hand(W, x):
 def cases():
     x1, x2, y = arr(10, 5, 8), arr(L, B, H), arr(L, B, H)
     W, U, V = arr(H, H, k=1 / np.sqrt(H)), arr(D, H, k=1 / np.sqrt(D)), arr(H, H, k=1 / np.sqrt(H))
-    h0, xs, t = arr(B, H), arr(L, B, D), arr(L, B, H)
+    h0, xs, t, xh = arr(B, H), arr(L, B, D), arr(L, B, H), arr(L, B, H)
     Wc, xc = arr(128, 128, k=1 / np.sqrt(128)), arr(128)
     g = lambda f, n: jax.grad(f, argnums=tuple(range(n)))  # noqa: E731
     return [
         ("sin/cos forward", sincos, sincos_hand, (x1, x2, y), False),
         ("sin/cos grad", sincos, sincos_hand, (x1, x2, y), 2),
+        ("seed (c, ys) forward", seed_ys, seed_ys_hand, (x1, x2), False),
+        ("seed (c, ys) grad", seed_ys_loss, seed_ys_loss_hand, (x1, x2), 2),
         ("RNN input proj forward", rnn_last, rnn_last_hand, (W, U, h0, xs), False),
         ("RNN input proj grad", rnn_loss, rnn_loss_hand, (W, U, h0, xs), 2),
         ("RNN + MSE forward", mse, mse_hand, (W, U, h0, xs, t), False),
         ("RNN + MSE grad", mse, mse_hand, (W, U, h0, xs, t), 2),
         ("RNN + out proj forward", proj, proj_hand, (W, U, V, h0, xs, t), False),
         ("RNN + out proj grad", proj, proj_hand, (W, U, V, h0, xs, t), 3),
+        ("RNN states + proj forward", states, states_hand, (W, V, h0, xh), False),
+        ("RNN states + proj grad", states_loss, states_loss_hand, (W, V, h0, xh), 2),
         ("grad scan(checkpoint(body))", ck_loss, ck_loss_hand, (Wc, xc), 1),
     ], g
 

@@ -129,6 +129,16 @@ class ScanLoop:
         self.node.set_outputs(list(self.node.outputs) + outer)
         return outer
 
+    def remove_ys(self, positions: Sequence[int]) -> None:
+        """Drop stacked outputs (by position among the ys) whose results nobody reads any more."""
+        drop = {self.num_carry + j for j in positions}
+        for i in drop:
+            if self.node.outputs[i].uses:
+                raise ValueError(f"jaxform: ys {i - self.num_carry} of the scan is still read; "
+                                 "replace its uses before removing it")
+        self.body.set_outputs([v for i, v in enumerate(self.body.outputs) if i not in drop])
+        self.node.set_outputs([v for i, v in enumerate(self.node.outputs) if i not in drop])
+
     def _carry_index(self, carry: Carry) -> int:
         return self.body.inputs.index(carry.inner) - self.num_consts
 

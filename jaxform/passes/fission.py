@@ -35,6 +35,7 @@ import jax
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
+from ..ir.separability import ELEMENTWISE
 from . import register
 from .inline import inline_call
 from .licm import TRIVIAL, _nbytes, _pure, _topo
@@ -58,6 +59,7 @@ def fission(graph: Graph) -> Graph:
         if node.name == "scan" and not any(t is not None for _, t in node.effects):
             if split_before(graph, node):
                 forward_xs(graph, node)
+            split_after(graph, node)
     return graph
 
 
@@ -158,8 +160,88 @@ def _affordable(loop: ScanLoop, chosen: list[Node], escaping: list[Value]) -> bo
     return added - freed <= budget
 
 
-def _batched(graph: Graph, scan: Node, part: Graph, operands: list[Value], axes: list) -> list[Value]:
-    """Splice `part` batched over axis 0 of the operands with axis 0 in front of `scan`; its stacked results."""
+def ys_only(loop: ScanLoop) -> list[Node]:
+    """The body nodes post-loop fission may batch after the loop (topological order).
+
+    A node qualifies when every use of its results is a `ys` output or another
+    such node (so nothing carried, and nothing staying in the loop, needs it),
+    and every operand is a literal, a loop constant, another such node's result,
+    or a value the loop stacks anyway: an `xs` row, or a `ys` whose stacked
+    result is read after the loop. So the move stacks nothing new, and
+    `split_after` also refuses parts with an intermediate XLA would materialize
+    for all steps (anything but elementwise and layout ops feeding another node
+    of the part): memory stays within the original peak. Pure, not cond/while,
+    and (on CPU) not a matmul, as for the pre-loop part.
+    """
+    body, k = loop.body, loop.num_carry
+    no_batch = NO_BATCH if _batch_matmuls() else NO_BATCH | MATMULS
+    stacked = {v.id for v, o in zip(loop.body_ys, loop.ys) if o.uses} | {v.id for v in loop.body_xs}
+    const_ids = {v.id for v in loop.body_consts} | {v.id for v in body.consts}
+    order = _topo(body)
+    cand = {id(n) for n in order if n.outputs and n.name not in no_batch and _pure(n)}
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(order):
+            if id(n) not in cand:
+                continue
+            uses_ok = any(o.uses for o in n.outputs) and all(
+                (u is OUT and i >= k) or (u is not OUT and id(u) in cand) for o in n.outputs for u, i in o.uses)
+            ins_ok = all(v.is_literal or v.id in const_ids or v.id in stacked
+                         or (v.producer is not None and id(v.producer) in cand) for v in n.inputs)
+            if not (uses_ok and ins_ok):
+                cand.discard(id(n))
+                changed = True
+    return [n for n in order if id(n) in cand]
+
+
+def split_after(graph: Graph, node: Node) -> bool:
+    """Post-loop fission of one scan: ys-only work runs once after the loop on the stacked values."""
+    loop = ScanLoop(node)
+    body = loop.body
+    chosen = ys_only(loop)
+    ids = {id(n) for n in chosen}
+    live = [j for j, (v, o) in enumerate(zip(loop.body_ys, loop.ys))
+            if o.uses and v.producer is not None and id(v.producer) in ids]
+    if not live or not any(n.name not in TRIVIAL or n.regions for n in chosen):
+        return False
+    # never beyond the original peak: the stacked ys it computes replace the loop's own; an intermediate
+    # is allowed only where XLA fuses it into its consumer (elementwise, layout), not a matmul's [L, ...]
+    if any(n.name not in ELEMENTWISE | TRIVIAL and any(all(u is not OUT for u, _ in o.uses) for o in n.outputs)
+           for n in chosen):
+        return False
+    call = outline(body, chosen, "fission_after", close_consts=True)
+    outer_of = {v.id: o for v, o in zip(loop.body_consts, loop.consts)}
+    outer_of |= {v.id: o for v, o in zip(loop.body_xs, loop.xs)}
+    outer_of |= {v.id: o for v, o in zip(loop.body_ys, loop.ys) if o.uses}
+    operands, axes = [], []
+    for v in call.inputs:
+        if v.id in outer_of:
+            operands.append(outer_of[v.id])
+            axes.append(None if any(v is c for c in loop.body_consts) else 0)
+        else:   # a constant of the body graph, still used elsewhere in the body
+            assert v.is_const, v
+            operands.append(graph.add_const(v.const))
+            axes.append(None)
+    stacked = _batched(graph, node, call.regions["body"], operands, axes, after=True)
+    result_of = {o.id: s for o, s in zip(call.outputs, stacked)}
+    gone = []
+    for j, (v, o) in enumerate(zip(loop.body_ys, loop.ys)):
+        if v.id in result_of:
+            new = result_of[v.id]
+            if (new.aval.shape, new.aval.dtype) != (o.aval.shape, o.aval.dtype):
+                raise AssertionError(f"jaxform.fission: batched {new.aval.str_short()} != ys {o.aval.str_short()}")
+            graph.replace_uses(o, new)
+            gone.append(j)
+    loop.remove_ys(gone)
+    body.remove(call)
+    return True
+
+
+def _batched(graph: Graph, scan: Node, part: Graph, operands: list[Value], axes: list,
+             after: bool = False) -> list[Value]:
+    """Splice `part` batched over axis 0 of the operands with axis 0 in front of (or after) `scan`;
+    its stacked results."""
     closed = part.to_jaxpr()
     fn = jax.vmap(lambda *a: _jax.eval_jaxpr(closed, *a), in_axes=tuple(axes), out_axes=0,
                   axis_size=scan.params["length"])
@@ -169,6 +251,6 @@ def _batched(graph: Graph, scan: Node, part: Graph, operands: list[Value], axes:
     graph._nodes.pop()
     ins = {id(i): o for i, o in zip(batched.inputs, operands)}
     outs = [ins.get(id(v), v) for v in batched.outputs]
-    at = graph.nodes.index(scan)
+    at = graph.nodes.index(scan) + after
     graph._nodes[at:at] = inline_call(graph, call)
     return outs

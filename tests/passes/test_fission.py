@@ -172,6 +172,107 @@ UNCHANGED = [
 ]
 
 
+# ---- post-loop fission: carry-dependent work that feeds only ys, on values stacked anyway -----------
+def out_proj_both(W, V, h, xs):              # hs returned and projected: hs @ V runs once after the loop
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 @ V)), h, xs)
+
+
+def out_proj_reverse(W, V, h, xs):
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 @ V)), h, xs, reverse=True)
+
+
+def out_elementwise(W, h, xs):               # a gate of the stacked state: elementwise, moves on CPU too
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, jax.nn.sigmoid(h2) * 2.0)), h, xs)
+
+
+def out_times_xs(W, h, xs):                  # reads the stacked state and the xs row
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 * x + 1.0)), h, xs)
+
+
+def out_logits_chain(W, V, b, h, xs):        # logits stacked too; bias and log-softmax after the loop
+    def step(h, x):
+        h2 = jnp.tanh(h @ W + x)
+        return h2, (h2, (p := h2 @ V), jax.nn.log_softmax(p + b))
+    return lax.scan(step, h, xs)
+
+
+def out_several(W, V, h, xs):                # two ys from one projection
+    def step(h, x):
+        h2 = jnp.tanh(h @ W + x)
+        p = h2 @ V
+        return h2, (h2, p, jnp.exp(p))
+    return lax.scan(step, h, xs)
+
+
+def out_matmul_intermediate(W, V, h, xs):    # sigmoid(h2 @ V): the [L, ...] matmul result would be a new buffer
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, jax.nn.sigmoid(h2 @ V))), h, xs)
+
+
+def out_pytree_carry(W, V, h, xs):           # a counter in the carry; the stacked state projected
+    def step(c, x):
+        h, n = c
+        h2 = jnp.tanh(h @ W + x)
+        return (h2, n + 1.0), (h2, h2 @ V)
+    return lax.scan(step, (h, jnp.float32(0)), xs)
+
+
+def out_nested(W, V, h, xs):                 # the inner scan's ys-only work moves inside the outer body
+    def outer(h, x):
+        hs = lax.scan(lambda c, y: ((c2 := jnp.tanh(c @ W + y)), (c2, c2 @ V)), h, jnp.stack([x] * 3))[1]
+        return hs[0][-1], hs[1].sum(0)
+    return lax.scan(outer, h, xs)
+
+
+def out_then_loss(W, V, h, xs, t):           # projected ys and the states both used after the loop
+    hs, ps = lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 @ V)), h, xs)[1]
+    return jnp.mean((ps - t) ** 2) + jnp.mean(hs)
+
+
+def out_and_pre(W, U, V, h, xs):             # both directions in one loop: x @ U before, h @ V after
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x @ U)), (h2, h2 @ V)), h, xs)
+
+
+XH, T2 = a(L_, B_, H_), a(L_, B_, 2)
+POST = [
+    (out_proj_both, (W, V, H0, XH)), (out_proj_reverse, (W, V, H0, XH)), (out_elementwise, (W, H0, XH)),
+    (out_times_xs, (W, H0, XH)), (out_logits_chain, (W, V, a(2), H0, XH)), (out_several, (W, V, H0, XH)),
+    (out_pytree_carry, (W, V, H0, XH)), (out_nested, (W, V, H0, XH)), (out_then_loss, (W, V, H0, XH, T2)),
+    (out_and_pre, (W, U, V, H0, XS)),
+]
+CHANGED += POST
+
+
+def out_proj_not_stacked(W, V, h, xs):       # h2 is not stacked: moving h2 @ V would stack it anew
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), h2 @ V), h, xs)
+
+
+def out_feeds_carry(W, V, h, xs):            # h2 @ V also feeds the carry: stays
+    def step(c, x):
+        h, s = c
+        h2 = jnp.tanh(h @ W + x)
+        p = h2 @ V
+        return (h2, s + p.sum()), (h2, p)
+    return lax.scan(step, (h, jnp.float32(0)), xs)
+
+
+def out_callback(W, V, h, xs):               # an effect reads the projection: it stays in the loop
+    def step(h, x):
+        h2 = jnp.tanh(h @ W + x)
+        p = h2 @ V
+        jax.debug.callback(lambda v: None, p)
+        return h2, (h2, p)
+    return lax.scan(step, h, xs)
+
+
+def out_dead_states(W, V, h, xs):            # the states are a ys nobody reads: not stacked anyway
+    return lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), (h2, h2 @ V)), h, xs)[1][1]
+
+
+UNCHANGED += [(out_proj_not_stacked, (W, V, H0, XH)), (out_feeds_carry, (W, V, H0, XH)),
+              (out_callback, (W, V, H0, XH)), (out_dead_states, (W, V, H0, XH)),
+              (out_matmul_intermediate, (W, V, H0, XH))]
+
+
 def body_prims(closed) -> list[list[str]]:
     """Primitive names in each top-level scan body."""
     g = Graph.from_jaxpr(closed)
@@ -248,3 +349,58 @@ def test_cpu_default_keeps_matmuls(monkeypatch):
         pytest.skip("CPU rule")
     assert not changed(rnn_inproj, (W, U, H0, XS))
     assert changed(seed_sincos, (X1, X2))
+
+
+def innermost_prims(closed) -> list[str]:
+    """Primitive names in the bodies of scans that contain no scan (the loops that ran the moved work)."""
+    out = []
+    for n, _ in Graph.from_jaxpr(closed).walk():
+        if n.name == "scan" and not any(m.name == "scan" for m, _ in n.regions["body"].walk()):
+            out += [m.name for m in n.regions["body"].nodes]
+    return out
+
+
+@pytest.mark.parametrize("fn,args", POST, ids=[f.__name__ for f, _ in POST])
+def test_post_loop_moves_out(fn, args):
+    """The ys-only work has left the loop body (and is not dead work left behind)."""
+    out = jaxform.trace(jaxform.optimize(fn, passes=["fission", "dce"], strict=True), *args).to_jaxpr()
+    assert len(innermost_prims(out)) < len(innermost_prims(jax.make_jaxpr(fn)(*args)))
+
+
+def test_post_loop_projection_after_scan():
+    out = jaxform.trace(jaxform.optimize(out_proj_both, passes=["fission", "dce"]), W, V, H0, XH).to_jaxpr()
+    (body,) = body_prims(out)
+    assert body.count("dot_general") == 1      # h @ W stays; hs @ V runs once after the loop
+    g = Graph.from_jaxpr(out)
+    (scan,) = [n for n in g.nodes if n.name == "scan"]
+    (post,) = [n for n in g.nodes if n.name == "dot_general"]
+    assert g.nodes.index(post) > g.nodes.index(scan) and post.outputs[0].aval.shape == (L_, B_, 2)
+    assert len(scan.outputs) == 2              # the final carry and the stacked states
+
+
+def test_post_loop_keeps_fusion_memory_win():
+    """With the default pipeline, a loss on the projected ys is fused into the loop first; fission must
+    not stack the states again (no [L, ...] buffer leaves the scan)."""
+    def loss(W, V, h, xs, t):
+        ps = lax.scan(lambda h, x: ((h2 := jnp.tanh(h @ W + x)), h2 @ V), h, xs)[1]
+        return jnp.mean((ps - t) ** 2)
+    g = jaxform.trace(jaxform.optimize(loss, strict=True), W, V, H0, XH, T2)
+    (scan,) = [n for n in g.nodes if n.name == "scan"]
+    assert all(o.aval.shape[:1] != (L_,) for o in scan.outputs)
+    np.testing.assert_allclose(jaxform.optimize(loss)(W, V, H0, XH, T2), loss(W, V, H0, XH, T2), rtol=1e-5)
+
+
+def test_post_loop_cpu_default(monkeypatch):
+    """On CPU by default a projection stays in the loop (slower batched there); elementwise ys work moves."""
+    monkeypatch.setattr(fission_mod, "BATCH_MATMULS", None)
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU rule")
+    assert not changed(out_proj_both, (W, V, H0, XH))
+    assert changed(out_elementwise, (W, H0, XH))
+
+
+def test_post_loop_under_grad_program():
+    """optimize(grad(f)): the forward scan of the gradient stacks its residuals; ys-only work on them moves."""
+    f = lambda W, V, h, xs: jnp.sum(out_proj_both(W, V, h, xs)[1][1] ** 2)  # noqa: E731
+    gf = jax.grad(f, (0, 1))
+    assert_pass_ok(fission, gf, W, V, H0, XH, rtol=2e-5, atol=2e-5)
