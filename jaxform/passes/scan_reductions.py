@@ -24,7 +24,8 @@ per step (a broadcast of something smaller is never materialized).
 Reductions over the scan axis (sum, max, min, prod) end the chain and become
 carries; per-step reductions used outside leave as new, smaller `ys`.
 float16/bfloat16 sums accumulate in float32 as XLA's reductions do (converted
-back once after the loop); an accumulator in `shard_map` gets the
+back once after the loop), and sums over more than 64 steps are compensated
+(Kahan), so a long loss stays as accurate as XLA's reduction of the stack; an accumulator in `shard_map` gets the
 device-varying type of what it accumulates.
 
 `defer`: a reduction over the scan axis *and* other axes (the usual scalar
@@ -69,6 +70,8 @@ REDUCTIONS = {
                    True if d == np.bool_ else jnp.iinfo(d).max),
 }
 LOW_PRECISION = (jnp.float16, jnp.bfloat16)
+# Sums over more steps than this are compensated (`_kahan_sum`): a plain running sum's error grows with length.
+COMPENSATE_AFTER = 64
 
 # backend -> defer accumulation? CPU: measured here, deferred 1.06-3.5x faster than eager (docs/scan_reductions.md).
 # GPU: issue 19's plain-JAX H100 numbers (deferred 1.16x, eager 0.92x of the original); not re-measured by
@@ -317,9 +320,8 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
         init = _add(graph, "broadcast_in_dim", [lit], t, shape=step.aval.shape, broadcast_dimensions=(),
                     sharding=None)
         init = _vary(graph, init, step.aval, t)
-        carry = loop.add_carry(init)
-        carry.set_next(_add(body, acc_op, [carry.inner, step], t))
-        final = carry.result
+        compensate = t.name == "reduce_sum" and jnp.issubdtype(acc_dtype, jnp.inexact) and loop.length > COMPENSATE_AFTER
+        final = (_kahan_sum if compensate else _accumulate)(loop, init, step, acc_op, t)
         if deferred:
             final = _add(graph, t.prim, [final], t, **{**t.params, "axes": other})
         if wide:
@@ -339,6 +341,27 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
         if not n.dead and all(not o.uses for o in n.outputs):
             graph.remove(n)
     shrink_unused(scan)   # the fused ys (now unused) and unread inputs leave the scan
+
+
+def _accumulate(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node) -> Value:
+    """acc = acc (op) step, carried; returns the loop's final accumulator."""
+    carry = loop.add_carry(init)
+    carry.set_next(_add(loop.body, acc_op, [carry.inner, step], t))
+    return carry.result
+
+
+def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node) -> Value:
+    """A compensated (Kahan) running sum: a long chain of float adds loses ~length ulps, where XLA's own
+    reduction of the stacked values adds in vector lanes and trees (fuzzing found 4096-step float32 sums
+    1-3e-5 off XLA's). The second carry holds the low-order bits each add drops: error O(ulp), not
+    O(length ulp), for 3 more elementwise ops per step. XLA does not reassociate float adds, so it stays."""
+    body = loop.body
+    acc, comp = loop.add_carry(init), loop.add_carry(init)
+    y = _add(body, "sub", [step, comp.inner], t)
+    total = _add(body, "add", [acc.inner, y], t)
+    comp.set_next(_add(body, "sub", [_add(body, "sub", [total, acc.inner], t), y], t))
+    acc.set_next(total)
+    return acc.result
 
 
 def _add(g: Graph, prim, ins, like: Node, **params) -> Value:

@@ -97,6 +97,12 @@ def _tol(prog) -> tuple[float, float]:
         return 5e-2, 5e-2
     if "float16" in prog.features:
         return 1e-2, 1e-2
+    if "rnn:long" in prog.features:
+        # 4096-step float32 sums: two correct summation orders differ by more than 1e-5. XLA itself sums a
+        # vmapped [2, 4096, 3] stack along the steps one by one (4.5e-5 off the float64 value, seed 3101), where
+        # the fused, compensated carry is within an ulp. The accuracy of fused sums is tested against float64
+        # in tests/passes/test_scan_reductions.py (test_long_float32_sum_is_compensated).
+        return 1e-4, 1e-4
     return 1e-5, 1e-5
 
 
@@ -120,6 +126,10 @@ def _close(a, b, kind, who, what, tol):
             raise Mismatch(kind, who, str(e)) from None
 
 
+def _weights(shape) -> jax.Array:
+    return jnp.cos(jnp.arange(int(np.prod(shape)), dtype=jnp.float32) + 0.5).reshape(shape)
+
+
 def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True):
     """Per flat jaxpr in `versions`: (values, derivatives, vmapped values), all in one jit."""
     stacked = [jnp.stack([x, x * 0.5]) for x in leaves]
@@ -128,7 +138,10 @@ def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bo
 
     def one(closed, xs):
         f = lambda *a: _jax.eval_jaxpr(closed, *a)
-        loss = lambda *a: sum(jnp.sum(jnp.sin(jnp.asarray(o).astype(jnp.float32))) for o in f(*a)
+        # A fixed, non-uniform linear functional of the outputs (its gradient is J^T w): as well conditioned as
+        # the outputs themselves. (It was sum(sin(o)): an output of 24,182 one ulp apart then moved the derivative
+        # by 0.5%, a mismatch of the probe, not of the pass.)
+        loss = lambda *a: sum(jnp.sum(jnp.asarray(o).astype(jnp.float32) * _weights(jnp.shape(o))) for o in f(*a)
                               if jnp.issubdtype(jnp.result_type(o), jnp.floating))
         if not any(jnp.issubdtype(a.dtype, jnp.floating) for a in closed.out_avals):
             d = ()
