@@ -150,8 +150,10 @@ def _where(node) -> str:
     trace = getattr(out.tag, "trace", None)
     loc = ""
     if trace:
-        try:
-            fr = trace[0][-1]
+        try:  # the user's frame: not jaxform's nor PyTensor's (a cloned graph's trace is our clone call)
+            import os
+            skip = (os.path.dirname(os.path.dirname(__file__)), os.sep + "pytensor" + os.sep)
+            fr = [f for f in trace[0] if not any(k in f[0] for k in skip)][-1]
             loc = f" (created at {fr[0]}:{fr[1]})"
         except Exception:
             loc = ""
@@ -663,8 +665,13 @@ def _register_scan():
         """
         op, b = node.op, cv.b
         info = op.info
-        if info.as_while or info.n_mit_mot:
-            raise _NoConverter  # while-scans and gradient scans (mit-mot): PyTensor's JAX code
+        if info.as_while:
+            raise ConversionError(f"jaxform: {_where(node)} is a while-scan (`until=`): the length of its results "
+                                  "depends on the data, and a JAX program needs static shapes (PyTensor's JAX "
+                                  "backend refuses it too). Write the loop with a fixed n_steps, masking the steps "
+                                  "after the condition holds.")
+        if info.n_mit_mot:
+            raise _NoConverter  # gradient scans of pytensor.grad (mit-mot): PyTensor's JAX code, a counted fallback
         n = int(cv.static(ins[0], node, "the number of steps"))
         head = lambda x, k: b.slice(x, [0] * x.ndim, [k] + list(x.shape[1:]))
         at = lambda x, i: b.reshape(b.slice(x, [i] + [0] * (x.ndim - 1), [i + 1] + list(x.shape[1:])), x.shape[1:])
