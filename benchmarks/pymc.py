@@ -2,8 +2,9 @@
 
 Per model: conversion ms (PyMC logp graph → JAX callable; min of 3), first-call ms (jit compile + first
 value-and-grad), steady-state µs (value-and-grad, interleaved min of N), and jaxform with rewrite=False.
-Then a large unrolled hierarchical model with conversion time broken down (PyMC's logp graph, PyTensor's
-rewrites, jaxform's conversion) and the time to the first gradient, at several sizes.
+Then a large unrolled hierarchical model (about 1k, 10k, 20k PyTensor nodes): the time to the first gradient
+broken down (PyMC's logp graph, PyTensor's rewrites, conversion, JAX trace+lower, XLA compile) for PyTensor's
+JAX backend and jaxform with and without PyTensor's rewrites.
 
 Needs the PyMC environment (`.ci/pymc.sh` builds it):
     .venv-pymc/bin/python benchmarks/pymc.py [--quick]
@@ -92,10 +93,30 @@ def per_model(names):
               f"{s_pt*1e6:8.1f}/{s_jf*1e6:8.1f}  {s_jf/s_pt:.2f}x")
 
 
+def _first_grad(make_vg, args):
+    """(seconds to build the value-and-grad callable, to trace+lower it, to XLA-compile it, to run it once)."""
+    t0 = time.perf_counter()
+    vg = make_vg()
+    t1 = time.perf_counter()
+    lowered = vg.lower(*args)
+    t2 = time.perf_counter()
+    comp = lowered.compile()
+    t3 = time.perf_counter()
+    jax.block_until_ready(comp(*args))
+    return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
+
+
 def large(groups_list):
-    print("\nlarge hierarchical model (one Normal per group): seconds")
-    print(f"{'groups':>6s} {'nodes':>6s} {'logp graph':>10s} {'PT rewrite':>10s} {'jf convert':>10s} "
-          f"{'jf share':>8s} {'PT->first grad':>14s} {'jf->first grad':>14s} {'jf norw->first':>14s}")
+    """Time to the first gradient from a fresh PyMC model, split into stages (seconds). PyMC's logp graph
+    is built once per path (its cost is shared by every path). 'PT conv' is PyTensor's JAX backend
+    (rewrites + jax_funcify); for jaxform: 'PT rewrite' (PyTensor's rewrites, rewrite=True only) and
+    'jf conv' (ours: graph walk, conversion, CSE). 'jf share' is jf conv / the path's total."""
+    from pytensor.graph.fg import FunctionGraph
+    from jaxform import to_function
+    from jaxform.frontends import pytensor as jpt
+    print("\nlarge hierarchical model (one Normal per group), time to the first gradient: seconds")
+    print(f"{'groups':>6s} {'nodes':>6s} {'path':>12s} {'logp graph':>10s} {'PT rewrite':>10s} {'conv':>6s} "
+          f"{'trace+lower':>11s} {'XLA':>6s} {'total':>7s} {'jf share':>8s} {'jaxpr eqns':>10s}")
     for groups in groups_list:
         model = large_hierarchical(groups=groups)
         pt = model.initial_point()
@@ -103,29 +124,34 @@ def large(groups_list):
         t0 = time.perf_counter()
         logp = model.logp()
         t_logp = time.perf_counter() - t0
-        from pytensor.graph.fg import FunctionGraph
         nodes = len(FunctionGraph(model.value_vars, [logp], clone=False).apply_nodes)
-        res = {}
-        for label, rewrite in (("jf", True), ("norw", False)):
-            stats = {}
-            t = time.perf_counter()
-            g, names = jpm.model_graph(model, rewrite=rewrite, stats=stats)
-            from jaxform import to_function
-            vg = jax.jit(jax.value_and_grad(to_function(g), argnums=tuple(range(len(names)))))
-            jax.block_until_ready(vg(*args))
-            res[label] = (time.perf_counter() - t, stats)
-        t = time.perf_counter()
-        vg = _vg_pytensor(model)
-        jax.block_until_ready(vg(*args))
-        t_pt = time.perf_counter() - t
-        st = res["jf"][1]
-        share = st["time_convert_s"] / (st["time_convert_s"] + st["time_rewrite_s"] + t_logp)
-        print(f"{groups:6d} {nodes:6d} {t_logp:10.2f} {st['time_rewrite_s']:10.2f} {st['time_convert_s']:10.2f} "
-              f"{share:8.0%} {t_pt:14.2f} {res['jf'][0]:14.2f} {res['norw'][0]:14.2f}")
+        an = tuple(range(len(args)))
+        rows = []
+        for label in ("PyTensor JAX", "jf rewrite", "jf no-rewrite"):
+            info = {}
+
+            def make():
+                if label == "PyTensor JAX":
+                    f = get_jaxified_graph(model.value_vars, [logp])
+                    return jax.jit(jax.value_and_grad(lambda *a: f(*a)[0], argnums=an))
+                out = jpm._replace_shared([logp])
+                shapes = jpm._value_shapes(model, list(model.value_vars))
+                g = jpt.to_graph(list(model.value_vars), out[0], shapes=shapes, rewrite=label == "jf rewrite",
+                                 stats=info)
+                info["eqns"] = len(g.nodes)
+                return jax.jit(jax.value_and_grad(to_function(g), argnums=an))
+            conv, lower, xla, run = _first_grad(make, args)
+            rw = info.get("time_rewrite_s", 0.0)
+            ours = conv - rw if info else 0.0
+            total = t_logp + conv + lower + xla + run
+            share = f"{ours / total:8.1%}" if info else f"{'':8s}"
+            eq = f"{info['eqns']:10d}" if info else f"{'':10s}"
+            print(f"{groups:6d} {nodes:6d} {label:>12s} {t_logp:10.2f} {rw if info else float('nan'):10.2f} "
+                  f"{(ours if info else conv):6.2f} {lower:11.2f} {xla:6.2f} {total:7.2f} {share} {eq}")
 
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     per_model(["eight_schools_noncentered", "radon", "logistic", "gp_marginal", "stochastic_volatility",
                "exp_smoothing_scan", "censored_normal"] if quick else sorted(MODELS))
-    large([20, 200] if quick else [20, 200, 400])
+    large([25] if quick else [25, 250, 500])  # about 1k, 10k, 20k PyTensor nodes

@@ -276,6 +276,8 @@ class Builder:
         v, dtype = self._value(x), _dtype(dtype)
         if v.aval.dtype == dtype:
             return Var(self, v) if not isinstance(x, Var) or x.builder is not self else x
+        if v.is_literal and _exact_cast(v.literal, v.aval.dtype, dtype):
+            return Var(self, Graph.literal(np.asarray(v.literal, v.aval.dtype).astype(dtype)[()], dtype))
         return self.bind("convert_element_type", v, new_dtype=dtype, weak_type=False)
 
     def select_n(self, which: Operand, *cases: Operand) -> Var:
@@ -318,6 +320,10 @@ class Builder:
         if shape.count(-1) == 1:
             known = int(np.prod([d for d in shape if d != -1]))
             shape[shape.index(-1)] = int(np.prod(v.aval.shape)) // max(known, 1)
+        p = v.producer
+        if p is not None and p.prim.name == "reshape" and p.params.get("dimensions") is None and \
+                p.inputs[0].aval.dtype == v.aval.dtype:
+            v = p.inputs[0]  # a reshape of a reshape is one reshape (the first becomes dead if unused)
         if tuple(shape) == tuple(v.aval.shape):
             return Var(self, v)
         if int(np.prod(shape)) != int(np.prod(v.aval.shape)):
@@ -649,6 +655,17 @@ class Builder:
         g.out_tree = jax.tree_util.tree_structure(0 if single else type(outputs)(0 for _ in outs))
         self._built = True
         return g
+
+
+def _exact_cast(value, src: np.dtype, dst: np.dtype) -> bool:
+    """Whether numpy casts this scalar literal exactly as XLA's convert does: to a float from a bool, int or
+    float (round to nearest even), or to an int from a bool or an int it fits in; not float -> int (NaN,
+    overflow) nor to/from complex."""
+    if dst.kind == "f" and src.kind in "biuf":
+        return True
+    if dst.kind in "iu" and src.kind in "biu":
+        return np.iinfo(dst).min <= int(value) <= np.iinfo(dst).max
+    return dst.kind == "b" and src.kind == "b"
 
 
 def _as_graph(x) -> Graph:

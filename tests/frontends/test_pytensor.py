@@ -274,3 +274,21 @@ def test_fallback_import_keeps_x64_flag():
     before = jax.config.jax_enable_x64
     jpt._jax_funcify()
     assert jax.config.jax_enable_x64 == before
+
+
+def test_while_scan_is_a_clear_error():
+    """A scan with `until` returns traces whose length depends on the data: no static-shape JAX program
+    (PyTensor's JAX backend refuses it too), so conversion stops naming the op instead of guessing."""
+    from pytensor.scan.utils import until
+    x = T("x")
+    out, _ = pytensor.scan(lambda v: (v * 2, until(v > 10.0)), outputs_info=[x], n_steps=20)
+    with pytest.raises(jpt.ConversionError, match="while-scan"):
+        jpt.to_graph([x], out[-1])
+
+
+def test_cast_of_literal_is_folded():
+    """A float32 constant in a float64 expression is cast at conversion (exact), not by a runtime convert."""
+    x = T("x", 3)
+    g = jpt.to_graph([x], x * np.float32(-0.5), rewrite=False)
+    assert "convert_element_type" not in {n.name for n, _ in g.walk()}
+    np.testing.assert_allclose(to_function(g)(np.ones(3)), -0.5 * np.ones(3))
