@@ -33,10 +33,19 @@ step's elementwise values into a carried buffer and reduces once after the loop
 (deferred; one step's size of memory). `DEFER` picks per backend (see
 docs/scan_reductions.md for the measurements).
 
+Slices along the scan axis (`ys[k:]`, `ys[::2]`, `ys[::-2]`, static
+`dynamic_slice`) keep their consumers step by step over fewer steps
+(`ir/steps.py`): the accumulator is updated only where the step's position is
+selected (`select_n` on a predicate of `ScanLoop.position()`), and the inputs
+of consumers after the slice are masked (`select_n(p, stop_gradient(x), x)`) so
+that what they compute at unselected steps (log 0, NaN padding) never reaches a
+gradient. One step (`ys[-1]`, `ys[k]`, `jnp.take(ys, k, 0)`) becomes a carry
+that takes the step's value at its position.
+
 What does not move (left exactly as is): a `ys` any of whose step-by-step
 descendants has a consumer that is not separable along the scan axis (a graph
-output, the backward scan of a grad, `ys[10:]`, `ys - ys.mean(0)`; see
-`blockers`), and anything whose operands are computed with effects: a value
+output, the backward scan of a grad, `ys[1:] - ys[:-1]`, `ys - ys.mean(0)`,
+`ys[i]` at a traced i; see `blockers`), and anything whose operands are computed with effects: a value
 that reads a ref or follows a callback is never made a scan input, so nothing
 crosses an effect. Gradients at ties of max/min may be split differently
 between the tied elements (both are valid subgradients).
