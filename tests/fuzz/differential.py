@@ -97,6 +97,8 @@ def _tol(prog) -> tuple[float, float]:
         return 5e-2, 5e-2
     if "float16" in prog.features:
         return 1e-2, 1e-2
+    if "rnn:long" in prog.features:   # fusion sums 4096 steps sequentially in float32, XLA's reduce pairwise:
+        return 1e-4, 1e-4              # measured 1e-6 (fused) vs 2e-8 (XLA) rel. error against float64, 2.6e-5 seen
     return 1e-5, 1e-5
 
 
