@@ -6,7 +6,7 @@
     cross-entropy (issue 17's target: >= 100x less forward temp memory, within 5%
     of the hand-fused time).
 `--defer`: eager vs deferred accumulators (issue 19) on (a) and (c).
-`--slices`: ys[k:] fused with a step predicate (hand-written) vs left outside.
+`--slices`: sum(ys[L//2:]**2) and a ys[-1] loss: original / optimized (step predicate) / hand-written.
 `--dce`: cost of an extra dce before fusion in the default pipeline.
 `--corpus`: the per-program table of tests/passes/test_fusion_real.py.
 For each: XLA temp memory (`memory_analysis().temp_size_in_bytes`) and
@@ -193,26 +193,50 @@ def defer_table():
 
 
 def slices_table():
-    """ys[k:] reduced: leave outside (what the pass does) vs a hand-written step predicate in the body."""
-    k = L // 10
+    """Slices of ys along the scan axis, then reduced (issue 17): original (the slice outside the scan),
+    optimized (fuse_scan_reductions: a step predicate / a picked carry) and hand-written (the predicate in
+    plain JAX). Forward temp memory, and interleaved min-of-REPS time, forward and grad."""
+    k = L // 2
     args = rnn_args(L)
 
-    def outside(W, U, h0, xs, t):
-        return jnp.mean((rnn(W, U, h0, xs)[k:] - t[k:]) ** 2)
+    def tail(W, U, h0, xs, t):          # sum(ys[L//2:] ** 2)
+        return jnp.sum(rnn(W, U, h0, xs)[k:] ** 2)
 
-    def predicate(W, U, h0, xs, t):
-        def step(c, xti):
+    def tail_hand(W, U, h0, xs, t):
+        def step(c, xi):
             h, acc = c
-            x, tt, i = xti
+            x, i = xi
             h = jnp.tanh(h @ W + x @ U)
-            return (h, acc + jnp.where(i >= k, jnp.sum((h - tt) ** 2), 0.0)), None
-        (_, acc), _ = lax.scan(step, (h0, jnp.float32(0)), (xs, t, jnp.arange(L)))
-        return acc / t[k:].size
-    fs = {"outside": outside, "optimized": jaxform.optimize(outside), "predicate": predicate}
-    tim = runtimes(fs, args)
-    mem = {n: temp(g, args) for n, g in fs.items()}
-    print(f"\nys[{k}:] reduced (L={L}): " + "  ".join(f"{n} {tim[n] * 1e3:.2f} ms / {mem[n] / MiB:.2f} MiB"
-                                                   for n in fs))
+            return (h, jnp.where(i >= k, acc + jnp.sum(h ** 2), acc)), None
+        (_, acc), _ = lax.scan(step, (h0, jnp.float32(0)), (xs, jnp.arange(L)))
+        return acc
+
+    def last(W, U, h0, xs, t):          # a loss on ys[-1]
+        return jnp.mean((rnn(W, U, h0, xs)[-1] - t[0]) ** 2)
+
+    def last_hand(W, U, h0, xs, t):
+        def step(c, xi):
+            h, y = c
+            x, i = xi
+            h = jnp.tanh(h @ W + x @ U)
+            return (h, jnp.where(i == L - 1, h, y)), None
+        (_, y), _ = lax.scan(step, (h0, jnp.zeros_like(h0)), (xs, jnp.arange(L)))
+        return jnp.mean((y - t[0]) ** 2)
+
+    print(f"\nslices of ys along the scan axis, length {L}, batch {B}, hidden {H}; min of {REPS}, interleaved")
+    for title, orig, hand in ((f"sum(ys[{k}:] ** 2)", tail, tail_hand), ("mean((ys[-1] - t) ** 2)", last, last_hand)):
+        opt = jaxform.optimize(orig)
+        for mode in ("forward", "grad"):
+            fs = {"original": orig, "optimized": opt, "hand-written": hand}
+            if mode == "grad":
+                fs = {n: jax.grad(f, (0, 1)) for n, f in fs.items()}
+            vals = {n: jax.jit(f)(*args) for n, f in fs.items()}
+            err = max(float(jnp.max(jnp.abs(a - b) / (jnp.abs(b) + 1e-6))) for n in fs for a, b in zip(
+                jax.tree_util.tree_leaves(vals[n]), jax.tree_util.tree_leaves(vals["original"])))
+            mem = {n: temp(f, args) for n, f in fs.items()}
+            tim = runtimes(fs, args)
+            print(f"  {title:26s} {mode:8s} " + "  ".join(f"{n} {mem[n] / MiB:7.2f} MiB {tim[n] * 1e3:8.2f} ms"
+                                                          for n in fs) + f"   (max rel. diff {err:.1e})")
 
 
 def dce_cost():

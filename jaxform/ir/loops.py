@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from .graph import Graph, Node, Value
 from .regions import scan_roles
 
@@ -38,6 +40,7 @@ class ScanLoop:
         assert node.name == "scan", node
         self.node, self.body = node, node.regions["body"]
         self._carries: list[Carry] = []
+        self._position: Value | None = None
 
     # ---- reading -------------------------------------------------------------------
     @property
@@ -120,6 +123,17 @@ class ScanLoop:
         carry = Carry(self, inner, result)
         self._carries.append(carry)
         return carry
+
+    def position(self) -> Value:
+        """The body's int32 position of the current step: t such that this step computes ys[t]
+        (0, 1, ... or, in a reverse scan, length-1, ..., 0). Added once, as a counting carry."""
+        if self._position is None:
+            i32 = np.int32
+            c = self.add_carry(Graph.literal(self.length - 1 if self.reverse else 0, i32))
+            nxt = self.body.add("sub" if self.reverse else "add", [c.inner, Graph.literal(1, i32)])
+            c.set_next(nxt.outputs[0])
+            self._position = c.inner
+        return self._position
 
     def add_ys(self, inner: Sequence[Value]) -> list[Value]:
         """New stacked outputs of per-step body values; returns the scan's `[length, ...]` results."""

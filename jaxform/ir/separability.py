@@ -191,7 +191,7 @@ def _rule(node: Node, axes: list, length: int):
     if name == "slice":
         (a,), lo, hi, st = axes, p["start_indices"], p["limit_indices"], p["strides"]
         if lo[a] != 0 or hi[a] != ins[0].aval.shape[a] or (st is not None and st[a] != 1):
-            raise NotSeparable("slice along the scan axis (ys[k:], ys[::2], ys[-1] stay outside)")
+            raise NotSeparable("slice along the scan axis inside a call (such slices fuse after inline: ir/steps.py)")
         return [a], {**p, "start_indices": _drop(lo, a), "limit_indices": _drop(hi, a),
                      "strides": None if st is None else _drop(st, a)}, None
     if name == "dynamic_slice":

@@ -34,10 +34,19 @@ step's elementwise values into a carried buffer and reduces once after the loop
 (deferred; one step's size of memory). `DEFER` picks per backend (see
 docs/scan_reductions.md for the measurements).
 
+Slices along the scan axis (`ys[k:]`, `ys[::2]`, `ys[::-2]`, static
+`dynamic_slice`) keep their consumers step by step over fewer steps
+(`ir/steps.py`): the accumulator is updated only where the step's position is
+selected (`select_n` on a predicate of `ScanLoop.position()`), and the inputs
+of consumers after the slice are masked (`select_n(p, stop_gradient(x), x)`) so
+that what they compute at unselected steps (log 0, NaN padding) never reaches a
+gradient. One step (`ys[-1]`, `ys[k]`, `jnp.take(ys, k, 0)`) becomes a carry
+that takes the step's value at its position.
+
 What does not move (left exactly as is): a `ys` any of whose step-by-step
 descendants has a consumer that is not separable along the scan axis (a graph
-output, the backward scan of a grad, `ys[10:]`, `ys - ys.mean(0)`; see
-`blockers`), and anything whose operands are computed with effects: a value
+output, the backward scan of a grad, `ys[1:] - ys[:-1]`, `ys - ys.mean(0)`,
+`ys[i]` at a traced i; see `blockers`), and anything whose operands are computed with effects: a value
 that reads a ref or follows a callback is never made a scan input, so nothing
 crosses an effect. Gradients at ties of max/min may be split differently
 between the tied elements (both are valid subgradients).
@@ -55,6 +64,7 @@ from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.graph import OUT
 from ..ir.loops import ScanLoop
+from ..ir.steps import Steps, predicate, selects
 from ..ir.separability import (ELEMENTWISE, NotSeparable, drop_invariant_axis, effect_free, emit_step,
                                keep_varying, like_varying, operand_axes, out_axes, varying, why_not)
 from . import register
@@ -102,8 +112,11 @@ class Plan:
     def __init__(self):
         self.nodes: list[Node] = []         # separable consumers, in topological order
         self.axes: dict[int, int] = {}      # value id -> its scan axis (inside values)
+        self.steps: dict[int, Steps] = {}   # value id -> the scan steps it holds (ys[k:] holds some)
         self.operand_axes: dict[int, list] = {}   # id(node) -> the scan axis of each operand (None: whole)
+        self.selects: dict[int, tuple] = {}       # id(node) -> per-step equation of a slice along the scan axis
         self.terms: list[Node] = []         # reductions over the scan axis: become carries
+        self.picks: list[tuple[Node, int, tuple | None]] = []   # one step picked (ys[-1]): a carried value
         self.exports: list[Value] = []      # per-step reductions used outside: become new ys
         self.bad: set[int] = set()          # roots (ids) that cannot fuse
         self.blockers: list[tuple[Node | None, str]] = []   # (consumer, why) for explain
@@ -136,10 +149,14 @@ def _liftable(v: Value, a, length: int, after: set[int]) -> str:
     return ""
 
 
+MIXED = "it combines different steps of the scan (as ys[1:] - ys[:-1] does): no step has both"
+
+
 def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
     plan = Plan()
     inside: dict[int, Value] = dict(roots)
     plan.axes = {i: 0 for i in roots}
+    plan.steps = {i: Steps.full(length) for i in roots}
     origin: dict[int, set[int]] = {i: {i} for i in roots}
     taken: set[int] = set()
     waiting: dict[int, tuple[Node, str]] = {}
@@ -151,31 +168,55 @@ def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
                 if id(n) in taken:
                     continue
                 known = {i: plan.axes[u.id] for i, u in enumerate(n.inputs) if u.id in inside}
+                doms = {plan.steps[u.id] for u in n.inputs if u.id in inside}
+                if len(doms) > 1:
+                    waiting[id(n)] = (n, MIXED)
+                    continue
+                (dom,) = doms
                 if n.name in REDUCTIONS and len(known) == 1 and known[0] in tuple(n.params["axes"]):
                     taken.add(id(n))
                     plan.terms.append(n)
                     changed = True
                     waiting.pop(id(n), None)
                     continue
+                src = set().union(*(origin[u.id] for u in n.inputs if u.id in inside))
                 try:
-                    axes = operand_axes(n, known, length)
+                    sel = selects(n, [known.get(i) for i in range(len(n.inputs))], dom, length)
+                except NotSeparable as e:
+                    waiting[id(n)] = (n, str(e))
+                    continue
+                if sel is not None:   # a slice along the scan axis: fewer steps (or one, picked)
+                    kind, what, step = sel
+                    taken.add(id(n))
+                    waiting.pop(id(n), None)
+                    changed = True
+                    if kind == "pick":
+                        plan.picks.append((n, what, step))
+                        continue
+                    plan.nodes.append(n)
+                    plan.selects[id(n)] = step
+                    o = n.outputs[0]
+                    inside[o.id], plan.axes[o.id], plan.steps[o.id], origin[o.id] = o, known[0], what, src
+                    continue
+                try:
+                    axes = operand_axes(n, known, dom.count)
                 except NotSeparable as e:
                     waiting[id(n)] = (n, str(e))
                     continue
                 why = next((f"operand {i} cannot enter the loop: {w}" for i, u in enumerate(n.inputs)
-                            if i not in known and (w := _liftable(u, axes[i], length, after))), "")
-                if why or (why := why_not(n, axes, length)):
+                            if i not in known and (w := _liftable(u, axes[i], dom.count, after))), "")
+                if why or (why := why_not(n, axes, dom.count)):
                     waiting[id(n)] = (n, why)   # maybe later, once another operand is inside
                     continue
-                oax = out_axes(n, axes, length)
+                oax = out_axes(n, axes, dom.count)
                 taken.add(id(n))
                 waiting.pop(id(n), None)
                 plan.nodes.append(n)
                 plan.operand_axes[id(n)] = axes
-                src = set().union(*(origin[u.id] for u in n.inputs if u.id in inside))
                 for o, a in zip(n.outputs, oax):
                     inside[o.id] = o
                     plan.axes[o.id] = a
+                    plan.steps[o.id] = dom
                     origin[o.id] = src
                 changed = True
     for v in inside.values():
@@ -183,7 +224,11 @@ def _plan(roots: dict[int, Value], after: set[int], length: int) -> Plan:
         if not uses:
             continue
         if v.producer is not None and v.producer.name in REDUCTIONS and v.id not in roots:
-            plan.exports.append(v)
+            if plan.steps[v.id] == Steps.full(length):
+                plan.exports.append(v)
+                continue
+            plan.bad |= origin[v.id]
+            plan.blockers.append((v.producer, "a per-step value of a slice along the scan axis is used outside"))
             continue
         plan.bad |= origin[v.id]
         for u in uses:
@@ -230,7 +275,7 @@ def fuse_scan(graph: Graph, scan: Node, defer: bool = False) -> bool:
         if not plan.bad:
             break
         roots = {i: v for i, v in roots.items() if i not in plan.bad}
-    if not roots or not (plan.terms or plan.exports):
+    if not roots or not (plan.terms or plan.exports or plan.picks):
         return False
     _rewrite(graph, scan, roots, plan, defer)
     return True
@@ -242,7 +287,7 @@ class _Lifter:
     def __init__(self, graph: Graph, loop: ScanLoop):
         self.graph, self.loop, self.body = graph, loop, loop.body
         self.consts = {v.id: b for v, b in zip(loop.consts, loop.body_consts) if not v.is_literal}
-        self.xs = {(v.id, 0): b for v, b in zip(loop.xs, loop.body_xs) if not v.is_literal}
+        self.xs = {(v.id, 0, None): b for v, b in zip(loop.xs, loop.body_xs) if not v.is_literal}
 
     def const(self, v: Value) -> Value:
         if v.is_literal:
@@ -251,8 +296,9 @@ class _Lifter:
             self.consts[v.id] = self.loop.add_consts([v])[0]
         return self.consts[v.id]
 
-    def lift(self, v: Value, a) -> Value:
-        """The per-step value of outside operand `v` (sliced along axis a; whole if a is None)."""
+    def lift(self, v: Value, a, steps: Steps | None = None) -> Value:
+        """The per-step value of outside operand `v` (sliced along axis a; whole if a is None).
+        `steps`: the scan steps that v's entries along a stand for (None: all, in order)."""
         if v.is_literal or a is None or v.aval.ndim == 0:
             return self.const(v)
         s = v.aval.shape
@@ -260,7 +306,7 @@ class _Lifter:
         if b is not None and b.name == "broadcast_in_dim" and len(b.inputs) == 1 and effect_free(v):
             dims = tuple(b.params["broadcast_dimensions"])
             base = b.inputs[0]
-            base = self.lift(base, dims.index(a)) if a in dims else self.const(base)
+            base = self.lift(base, dims.index(a), steps) if a in dims else self.const(base)
             rest = tuple(d for i, d in enumerate(dims) if d != a)
             new = self.body.add("broadcast_in_dim", [base], {
                 **b.params, "shape": tuple(x for i, x in enumerate(b.params["shape"]) if i != a),
@@ -269,13 +315,35 @@ class _Lifter:
             return new.outputs[0]
         if s[a] == 1:
             return drop_invariant_axis(self.body, v, self.const(v), a, self.loop.length)
-        if (v.id, a) not in self.xs:
-            outer = v
+        if steps is not None and steps == Steps.full(self.loop.length):
+            steps = None
+        if (v.id, a, steps) not in self.xs:
+            outer = v if steps is None else self._spread(v, a, steps)
             if a != 0:   # the scan slices axis 0: move the scan axis there, outside
                 perm = (a, *(i for i in range(v.aval.ndim) if i != a))
-                outer = self.graph.add("transpose", [v], {"permutation": perm}).outputs[0]
-            self.xs[(v.id, a)] = self.loop.add_xs([outer])[0]
-        return self.xs[(v.id, a)]
+                outer = self.graph.add("transpose", [outer], {"permutation": perm}).outputs[0]
+            self.xs[(v.id, a, steps)] = self.loop.add_xs([outer])[0]
+        return self.xs[(v.id, a, steps)]
+
+    def _spread(self, v: Value, a: int, steps: Steps) -> Value:
+        """`v`, whose entries along a are the selected steps, spread over all steps (`t[k:]` -> `t`, else
+        padded with zeros at unselected steps, which the step predicate never lets count)."""
+        n, length = steps.count, self.loop.length
+        b = v.producer
+        if b is not None and b.name == "slice" and steps.stride > 0 and effect_free(v):   # t[k:] of a t we have
+            src = b.inputs[0]
+            lo, hi = tuple(b.params["start_indices"]), tuple(b.params["limit_indices"])
+            st = tuple(b.params["strides"] or (1,) * len(lo))
+            whole = all((lo[d], hi[d], st[d]) == (0, src.aval.shape[d], 1) for d in range(len(lo)) if d != a)
+            if whole and src.aval.shape[a] == length and (lo[a], st[a]) == (steps.start, steps.stride):
+                return src
+        if steps.stride < 0:
+            v = self.graph.add("rev", [v], {"dimensions": (a,)}).outputs[0]
+        last = steps.first + (n - 1) * abs(steps.stride)
+        cfg = [(0, 0, 0)] * v.aval.ndim
+        cfg[a] = (steps.first, length - 1 - last, abs(steps.stride) - 1)
+        zero = Graph.literal(0, v.aval.dtype, weak_type=v.aval.weak_type)
+        return self.graph.add("pad", [v, zero], {"padding_config": tuple(cfg)}).outputs[0]
 
 
 def _vary(graph: Graph, init: Value, like, t: Node) -> Value:
@@ -294,17 +362,56 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
     body = loop.body
     lift = _Lifter(graph, loop)
     k = loop.num_carry
+    full = Steps.full(loop.length)
+    preds: dict[Steps, Value] = {}
+
+    def pred(steps: Steps) -> Value | None:
+        """`this step is one of steps` in the body (None: every step is)."""
+        if steps.is_all(loop.length):
+            return None
+        if steps not in preds:
+            preds[steps] = predicate(body, loop.position(), steps)
+        return preds[steps]
+
+    masked: dict[tuple, Value] = {}
+
+    def mask(w: Value, steps: Steps) -> Value:
+        """w at selected steps; at the others a value that no gradient flows into (stop_gradient), so
+        that what a consumer of `ys[k:]` computes at steps outside k: (log of 0, NaN targets) cannot
+        reach a derivative: the classic double `where`. Values are unchanged."""
+        p = pred(steps)
+        if p is None or w.is_literal:
+            return w
+        if (w.id, steps) not in masked:
+            sg = body.add("stop_gradient", [w]).outputs[0]
+            masked[(w.id, steps)] = body.add("select_n", [p, sg, w]).outputs[0]
+        return masked[(w.id, steps)]
+
     env = {o.id: bo for o, bo in zip(scan.outputs[k:], body.outputs[k:]) if o.id in roots}
+    chain: set[int] = set()   # ids of values computed by moved consumers of a selection (already masked)
     for n in plan.nodes:
+        steps = plan.steps[n.outputs[0].id]
+        if id(n) in plan.selects:   # a slice along the scan axis: per step, the value itself
+            w, step = env[n.inputs[0].id], plan.selects[id(n)]
+            if step is not None:
+                w = _add(body, step[0], [w], n, **step[1])
+            env[n.outputs[0].id] = w
+            continue
         axes = plan.operand_axes[id(n)]
-        ins = [env[v.id] if v.id in env else lift.lift(v, a) for v, a in zip(n.inputs, axes)]
-        outs, _ = emit_step(body, n, ins, axes, loop.length)
+        ins = []
+        for v, a in zip(n.inputs, axes):
+            w = env[v.id] if v.id in env else lift.lift(v, a, steps)
+            ins.append(w if v.id in chain else mask(w, steps))
+        outs, _ = emit_step(body, n, ins, axes, steps.count)
         env.update({o.id: w for o, w in zip(n.outputs, outs)})
+        if steps != full:
+            chain.update(o.id for o in n.outputs)
 
     for t in plan.terms:
         out = t.outputs[0]
         a = plan.axes[t.inputs[0].id]
         step = env[t.inputs[0].id]
+        p = pred(plan.steps[t.inputs[0].id])
         other = tuple(x - (x > a) for x in t.params["axes"] if x != a)   # per-step axes
         dtype = np.dtype(out.aval.dtype)
         wide = t.name in ("reduce_sum", "reduce_prod") and dtype in map(np.dtype, LOW_PRECISION)
@@ -321,13 +428,25 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
                     sharding=None)
         init = _vary(graph, init, step.aval, t)
         compensate = t.name == "reduce_sum" and jnp.issubdtype(acc_dtype, jnp.inexact) and loop.length > COMPENSATE_AFTER
-        final = (_kahan_sum if compensate else _accumulate)(loop, init, step, acc_op, t)
+        final = (_kahan_sum if compensate else _accumulate)(loop, init, step, acc_op, t, p)
         if deferred:
             final = _add(graph, t.prim, [final], t, **{**t.params, "axes": other})
         if wide:
             final = _add(graph, "convert_element_type", [final], t, new_dtype=dtype, weak_type=out.aval.weak_type,
                          sharding=None)
         graph.replace_uses(out, final)
+
+    for n, at, step in plan.picks:   # ys[k]: a carry that takes the step's value at step k
+        w = env[n.inputs[0].id]
+        if step is not None:
+            w = _add(body, step[0], [w], n, **step[1])
+        lit = Graph.literal(0, w.aval.dtype, weak_type=w.aval.weak_type)
+        init = _vary(graph, _add(graph, "broadcast_in_dim", [lit], n, shape=w.aval.shape, broadcast_dimensions=(),
+                                 sharding=None), w.aval, n)
+        carry = loop.add_carry(init)
+        p = predicate(body, loop.position(), Steps(at, 1, 1))
+        carry.set_next(_add(body, "select_n", [p, carry.inner, w], n))
+        graph.replace_uses(n.outputs[0], carry.result)
 
     if plan.exports:
         stacked = loop.add_ys([env[v.id] for v in plan.exports])
@@ -337,20 +456,24 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
                 perm = tuple(range(1, a + 1)) + (0,) + tuple(range(a + 1, v.aval.ndim))
                 s = graph.add("transpose", [s], {"permutation": perm}).outputs[0]
             graph.replace_uses(v, s)
-    for n in plan.terms + plan.nodes[::-1]:   # consumers first
+    for n in plan.terms + [n for n, _, _ in plan.picks] + plan.nodes[::-1]:   # consumers first
         if not n.dead and all(not o.uses for o in n.outputs):
             graph.remove(n)
     shrink_unused(scan)   # the fused ys (now unused) and unread inputs leave the scan
 
 
-def _accumulate(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node) -> Value:
-    """acc = acc (op) step, carried; returns the loop's final accumulator."""
+def _accumulate(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node, p: Value | None) -> Value:
+    """acc = acc (op) step, carried, at the steps where `p` holds (all if None: ys[k:] selects some)."""
     carry = loop.add_carry(init)
-    carry.set_next(_add(loop.body, acc_op, [carry.inner, step], t))
+    carry.set_next(_where(loop.body, p, carry.inner, _add(loop.body, acc_op, [carry.inner, step], t), t))
     return carry.result
 
 
-def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node) -> Value:
+def _where(body: Graph, p: Value | None, old: Value, new: Value, t: Node) -> Value:
+    return new if p is None else _add(body, "select_n", [p, old, new], t)
+
+
+def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node, p: Value | None) -> Value:
     """A compensated (Kahan) running sum: a long chain of float adds loses ~length ulps, where XLA's own
     reduction of the stacked values adds in vector lanes and trees (fuzzing found 4096-step float32 sums
     1-3e-5 off XLA's). The second carry holds the low-order bits each add drops: error O(ulp), not
@@ -359,8 +482,8 @@ def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node) -
     acc, comp = loop.add_carry(init), loop.add_carry(init)
     y = _add(body, "sub", [step, comp.inner], t)
     total = _add(body, "add", [acc.inner, y], t)
-    comp.set_next(_add(body, "sub", [_add(body, "sub", [total, acc.inner], t), y], t))
-    acc.set_next(total)
+    comp.set_next(_where(body, p, comp.inner, _add(body, "sub", [_add(body, "sub", [total, acc.inner], t), y], t), t))
+    acc.set_next(_where(body, p, acc.inner, total, t))
     return acc.result
 
 

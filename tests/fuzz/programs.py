@@ -18,7 +18,8 @@ float16/bfloat16/complex64 values; programs run under `jax.enable_x64`; and `rnn
 an RNN-like scan whose stacked outputs feed a loss (transposes, output projections,
 `stop_gradient`, log-softmax/logsumexp, relu, `vmap` of a per-example loss,
 carry-independent body work, `jax.Ref` writes inside the scan read after it,
-ordered callbacks after it, 4096-step float16 sums). `Program.features` names the
+ordered callbacks after it, 4096-step float16 sums, slices of ys along the scan axis:
+`ys[k:]`, `ys[::-2]`, `ys[-1]`, `jnp.take(ys, -1, axis)`, the empty `ys[3:1]`). `Program.features` names the
 constructs a program contains (for the per-category report).
 
 Every choice is an integer draw whose 0 is the simplest option, so Hypothesis
@@ -560,22 +561,36 @@ class _Gen:
             rev = bool(self.pick(4) == 0)
             lines.append(f"{ind}{out_h}, {ys} = lax.scan({body}, {h0}, {X}{', reverse=True' if rev else ''})")
             shape = (L,) + yshape_step
-        z = ys
+        z, sa = ys, 0   # sa: where the scan axis is in z
         if len(shape) == 3 and self.pick(2):
             self.features.add("rnn:transpose_ys")
             z2 = self.fresh("z")
             lines.append(f"{ind}{z2} = jnp.swapaxes({z}, 0, 1)")
-            z, shape = z2, (shape[1], shape[0], shape[2])
+            z, shape, sa = z2, (shape[1], shape[0], shape[2]), 1
         elif len(shape) == 2 and self.pick(4) == 0:
             self.features.add("rnn:transpose_ys")
             z2 = self.fresh("z")
             lines.append(f"{ind}{z2} = {z}.T")
-            z, shape = z2, shape[::-1]
+            z, shape, sa = z2, shape[::-1], 1
         if not proj_in_body and V_ is not None and shape[-1] == H:
             self.features.add("rnn:matmul_ys")
             z2 = self.fresh("z")
             lines.append(f"{ind}{z2} = {z} @ {V_}")
             z, shape = z2, shape[:-1] + (O,)
+            sa = None if sa == len(shape) - 1 else sa   # (z.T @ V contracted the steps)
+        if sa is not None and self.pick(3) == 0:   # a slice along the scan axis (step predicates, picks)
+            self.features.add("rnn:slice_ys")
+            sls = ["{h}:", "-2:", "::2", "::-2", "1:-1", "3:1", "-1", "1", "take"]
+            sl = sls[self.pick(len(sls))].format(h=shape[sa] // 2)
+            z2 = self.fresh("z")
+            if sl == "take":
+                lines.append(f"{ind}{z2} = jnp.take({z}, -1, axis={sa})")
+                shape = shape[:sa] + shape[sa + 1:]
+            else:
+                lines.append(f"{ind}{z2} = {z}[{':, ' * sa}{sl}]")
+                idx = eval(f"range({shape[sa]})[{sl}]")   # noqa: S307 (our own literal)
+                shape = shape[:sa] + (() if isinstance(idx, int) else (len(idx),)) + shape[sa + 1:]
+            z = z2
         opts = ["sin", "mse", "logsumexp", "log_softmax", "manual_lse", "relu"]
         if ref is not None:
             opts += ["ref", "ref"]
@@ -615,6 +630,8 @@ class _Gen:
             lines.append(f"{ind}{w} = io_callback(make_cb('{tag}', 1.0), jax.ShapeDtypeStruct((), jnp.{dt}), "
                          f"lax.stop_gradient({out_h}[..., 0].sum()), ordered=True)")
             e = f"jnp.sum({z} * {w})"
+        if variant == "long":   # a mean: a 4096-step sum is ~1e4, and a later sin() of it would turn
+            e = f"({e}) / 4096"  # float rounding (fusion reassociates the sum) into O(1e-3) differences
         lines.append(f"{ind}{loss} = {e}")
         out = [V(loss, (), dtype=dt), V(out_h, hshape, dtype=dt)]
         if ref is not None and kind != "ref":
