@@ -130,7 +130,7 @@ def _weights(shape) -> jax.Array:
     return jnp.cos(jnp.arange(int(np.prod(shape)), dtype=jnp.float32) + 0.5).reshape(shape)
 
 
-def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True):
+def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True, jit: bool = True):
     """Per flat jaxpr in `versions`: (values, derivatives, vmapped values), all in one jit."""
     stacked = [jnp.stack([x, x * 0.5]) for x in leaves]
     tangents = tuple(jnp.ones_like(x) for x in leaves)
@@ -153,7 +153,25 @@ def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bo
             d = ()
         return f(*xs), d, (jax.vmap(f)(*stacked) if vmap else ())
 
-    return jax.jit(lambda *xs: [one(c, xs) for c in versions])(*leaves)
+    run = lambda *xs: [one(c, xs) for c in versions]   # noqa: E731
+    return (jax.jit(run) if jit else run)(*leaves)
+
+
+def _jax_disagrees_with_itself(closed, want, got, leaves, prog, tol) -> bool:
+    """The original program under jit is the oracle; JAX can get it wrong (seen: the jvp of a 4096-step scan
+    writing a Ref, -0.66 under jit, -5.679 eagerly and in float64). Then the transformed program is compared
+    with the original run eagerly instead, and the case is counted, not failed."""
+    try:
+        eager = probe([closed], leaves, prog.reverse_diff, prog.forward_diff, prog.vmap, jit=False)[0]
+        _close(eager, got, "values", ["eager"], "", tol)
+    except Exception:
+        return False
+    try:
+        _close(want, eager, "values", ["jit"], "", tol)
+    except Mismatch:
+        STATS["oracle:jax_jit_disagrees_with_eager"] += 1
+        return True
+    return False
 
 
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf")
@@ -287,7 +305,8 @@ def _check(prog, names, api, collect):
             try:
                 _close(want, g, "values", who, "values, derivatives, vmap (jit)", tol)
             except Mismatch as e:
-                fail(e)
+                if not _jax_disagrees_with_itself(closed, want, g, leaves, prog, tol):
+                    fail(e)
         if prog.effects:
             for jit in (False, True):
                 w_out, w_calls = run_recording(closed, leaves, jit)
