@@ -360,18 +360,16 @@ def check(body: str, tag: str, seed: int, modes=('eager', 'python', 'lax'), stat
   return None
 
 
-def check_batch(bodies: list, tag: str, seed: int, mode: str, stats: dict) -> list | None:
+def check_batch(fns: list, wants: list, kinds: list, seed: int, mode: str, stats: dict) -> list | None:
   """Many programs under one jit (one XLA compile amortizes its fixed cost): None when all
-  are correct, else the indices to re-check one by one."""
-  fns = [load(b, f'{tag}_{i}') for i, b in enumerate(bodies)]
-  wants = [python_result(fn, seed) for fn in fns]
-  kinds = [python_kinds(fn, seed) if w is not _SKIP else set() for fn, w in zip(fns, wants)]
+  are correct, else the indices to re-check one by one. wants / kinds: Python's results
+  on this seed's input and its return kinds (python_result / python_kinds)."""
   x, s, k = inputs(seed)
   args = (jnp.asarray(x), jnp.asarray(s), jnp.asarray(k))
   try:
     outs = _convert_all(fns, mode, args)
   except Exception:  # noqa: BLE001 -- the batch's jit failed as a whole: find the culprit one by one
-    return list(range(len(bodies)))
+    return list(range(len(fns)))
   bad = [i for i, (fn, (g, e), w, kd) in enumerate(zip(fns, outs, wants, kinds))
          if judge(fn, seed, mode, g, e, w, kd, stats)]
   return bad or None
@@ -402,9 +400,10 @@ def run_batched(n: int, seed: int = 0, batch: int = 20, verbose: bool = True, ea
   for b0 in range(0, len(bodies), batch):
     chunk = bodies[b0:b0 + batch]
     bseed = seed * 100003 + b0
-    for i, body in enumerate(chunk):  # the kinds of every program, for the report
-      fn = load(body, f'{seed}_k{b0 + i}')
-      kd = python_kinds(fn, bseed) if python_result(fn, bseed) is not _SKIP else set()
+    fns = [load(body, f'{seed}_b{b0 + i}') for i, body in enumerate(chunk)]
+    wants = [python_result(fn, bseed) for fn in fns]
+    kinds = [python_kinds(fn, bseed) if w is not _SKIP else set() for fn, w in zip(fns, wants)]
+    for kd in kinds:  # for the report
       stats['programs'] += 1
       key = 'mixed' if len(kd) == 2 else 'none_only' if kd == {'none'} else 'value_only' if kd else None
       if key:
@@ -412,7 +411,7 @@ def run_batched(n: int, seed: int = 0, batch: int = 20, verbose: bool = True, ea
     suspects = set()
     # eager (Python-mode dispatch, op by op) costs as much as a jit: every 4th batch only
     for mode in ('eager', 'python', 'lax') if eager_every and (b0 // batch) % eager_every == 0 else ('python', 'lax'):
-      suspects |= set(check_batch(chunk, f'{seed}_b{b0}', bseed, mode, stats) or [])
+      suspects |= set(check_batch(fns, wants, kinds, bseed, mode, stats) or [])
     for i in sorted(suspects):  # same inputs as the batch
       body = chunk[i]
       err = check(body, f'{seed}_r{b0 + i}', bseed)
