@@ -188,17 +188,26 @@ class _Lower:
   def __init__(self, fresh: Callable[[str], str], filename: str):
     self.fresh, self.ret, self.filename = fresh, None, filename
 
-  def function(self, fn: ast.FunctionDef) -> tuple[str, str] | None:
-    nested = sum(isinstance(n, ast.Return) for n in walk_scope(fn)) - sum(isinstance(s, ast.Return) for s in fn.body)
+  def function(self, fn: ast.FunctionDef) -> tuple | None:
+    """Returns None (no lowered return) or (flag, value, function name, its `return`s as
+    (line, gives a value, is the fall-off of a tail-converted body), the line where it falls
+    off its end): static facts for the messages about return kinds."""
+    rets = [n for n in walk_scope(fn) if isinstance(n, ast.Return)]
+    nested = len(rets) - sum(isinstance(s, ast.Return) for s in fn.body)
     if nested:
       self.ret = (self.fresh('do_return'), self.fresh('retval'))
+    end_line = max(getattr(n, 'end_lineno', None) or 0 for n in walk_scope(fn) if n is not fn)
+    desc = (fn.name, tuple(sorted((r.lineno, r.value is not None, bool(getattr(r, 'ag_falloff', False)))
+                                  for r in rets)), end_line)
     body, _ = self.block(fn.body, None)
     if self.ret:
       flag, val = self.ret
       body = [_assign(flag, ast.Constant(False)), _assign(val, _call('Undefined', ast.Constant(val)))] + body
-      body.append(ast.Return(value=_call('retval', _name(val))))
+      # falling off the end returns None: with a traced flag some paths returned and others did not
+      body.append(ast.Return(value=_call('retval', _name(val), _name(flag),
+                                         _const((self.filename, flag, val) + desc))))
     fn.body = _located(body, fn)
-    return self.ret
+    return self.ret and self.ret + desc
 
   def checked(self, s: ast.Return) -> ast.expr:
     """Returned values are checked for unassigned locals (Python's UnboundLocalError)."""
@@ -217,7 +226,9 @@ class _Lower:
       if f:
         rest, f2 = self.block(stmts[k + 1:], loop)
         if rest:
-          out += _located([ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_any_flag(f)), body=rest, orelse=[])], stmts[k + 1])
+          guard = ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_any_flag(f)), body=rest, orelse=[])
+          guard.ag_guard = tuple(sorted(f))  # its else branch runs only when one of these flags is set
+          out += _located([guard], stmts[k + 1])
         return out, flags | f2
     return out, flags
 
@@ -261,6 +272,7 @@ class _Lower:
       guard = ast.If(test=ast.UnaryOp(op=ast.Not(), operand=s.test), body=[ast.Break()], orelse=[])
       s.test, s.body = ast.Constant(True), _located([guard], s) + s.body
     if isinstance(s, (ast.For, ast.While)):
+      forever = isinstance(s, ast.While) and isinstance(s.test, ast.Constant) and bool(s.test.value)
       inner = {'brk': None, 'cont': None}
       body, f = self.block(s.body, inner)
       if inner['cont']:
@@ -277,6 +289,10 @@ class _Lower:
         f |= f3
         post = [ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_any_flag(stop)), body=orelse, orelse=[])] if stop else orelse
         s.orelse = []
+      if forever and self.ret and stop == [self.ret[0]]:
+        # `while True:` left only by `return` (a tail-converted body): afterwards the function has
+        # returned on every path; saying so keeps the flag a Python True after a traced loop
+        post.append(_assign(self.ret[0], ast.Constant(True)))
       return pre + [s] + post, f - {inner['brk'], inner['cont']}
     return [s], set()
 
@@ -349,12 +365,16 @@ class _Converter:
 
   def info(self, s, flags, names=(), live=(), head=(), entry=()) -> ast.expr:
     kind = {ast.If: 'if', ast.For: 'for', ast.While: 'while'}[type(s)]
-    zero_ok = (self.scopes[-1].ret[1],) if self.scopes[-1].ret else ()
+    ret = self.scopes[-1].ret or ()
+    zero_ok = (ret[1],) if ret else ()
     stop = tuple(getattr(s, 'ag_stop', ()))
     appends = tuple(sorted({n.ag_append for n in walk_scope(s) if getattr(n, 'ag_append', None)})) \
         if kind != 'if' else ()
+    guard = getattr(s, 'ag_guard', ())
+    implied = guard if len(guard) == 1 and guard[0] in names else ()  # `if not flag:` -- else: flag is True
+    flags = flags + (('guard',) if guard else ())
     return _const((kind, self.filename, s.lineno, tuple(names), tuple(live), tuple(head), tuple(entry), flags,
-                   zero_ok, stop, appends))
+                   zero_ok, stop, appends, ret, implied))
 
   def iter_expr(self, e: ast.expr) -> ast.expr:
     """range/enumerate/zip in a `for` header -> ag__ versions that see traced arguments."""

@@ -43,6 +43,8 @@ class Info(NamedTuple):
   zero_ok: tuple        # names that may be zero-filled (the lowered return value)
   stop: tuple = ()      # the loop's break/return flags: False whenever its body starts
   appends: tuple = ()   # lists the loop body appends to (`ys.append(v)`)
+  ret: tuple = ()       # (return flag, return value, function name, its returns, end line) or ()
+  implied: tuple = ()   # flags known True in the else branch (of a guard `if not flag:`)
 
 
 # ---- undefined variables ---------------------------------------------------------------
@@ -74,10 +76,51 @@ class Undefined:
 jax.tree_util.register_pytree_node(Undefined, lambda u: ((), u.name), lambda name, _: Undefined(name))
 
 
-def retval(v):
+_SPLIT: dict = {}  # function (file + ret record) -> line of the last traced `if` that returned on one side only
+
+
+def _returns(file: str, ret: tuple) -> str:
+  """The function's return statements, for messages: `line 6: return x * 2`."""
+  import linecache
+  out = [f'line {line}: {linecache.getline(file, line).strip() or "return"}' for line, _, fall in ret[3] if not fall]
+  return '; '.join(out) or 'none'
+
+
+def _kind(v) -> str:
+  """A returned value's structure with shapes: None, float32[], (float32[3], weak int32[])."""
+  if v is None:
+    return 'None'
+  if isinstance(v, (tuple, list)):
+    inner = ', '.join(map(_kind, v)) + (',' if isinstance(v, tuple) and len(v) == 1 else '')
+    return f'({inner})' if isinstance(v, tuple) else f'[{inner}]'
+  if isinstance(v, dict):
+    return '{' + ', '.join(f'{k!r}: {_kind(x)}' for k, x in v.items()) + '}'
+  if _is_dyn(v) or isinstance(v, jax.ShapeDtypeStruct):
+    return _describe(v)
+  return type(v).__name__
+
+
+def retval(v, flag=False, ret: tuple = ()):
   """Value of the lowered return variable at the end of the function: None when the
-  function fell off its end."""
-  return None if isinstance(v, Undefined) else v
+  function fell off its end. A traced flag means that whether a `return` ran depends on a
+  traced value: a value on some paths and None (falling off) on others cannot be traced."""
+  if isinstance(v, Undefined):
+    return None
+  if ret and v is not None and is_traced(flag):
+    from .errors import where
+    file, name, end = ret[0], ret[3], ret[5]
+    at = _SPLIT.get(ret)
+    cond = 'this traced condition' if at else f"a traced condition or loop in '{name}'"
+    raise AutographError(
+        f"'{name}' returns {_kind(v)} on some paths but on others reaches its end (after line {end}) without a "
+        f"`return`, where Python returns None; which path is taken depends on {cond}, and a traced function "
+        f"returns one structure on every path\n"
+        f"  at {where(file, at or end)}\n"
+        f"  its returns: {_returns(file, ret[1:])}\n"
+        f"  fix: end every path with a `return` of the same structure, shape and dtype (e.g. add "
+        f"`return <default value>` at the end of '{name}', or an `else:` that returns), or make the condition "
+        f"a Python value (static)")
+  return v
 
 
 def checked(v, file: str, line: int):
@@ -143,9 +186,10 @@ def _pred(p, info: Info):
   return p if p.dtype == jnp.bool_ else p != 0
 
 
-def _trace(fn: Callable, state: tuple, extra=()):
+def _trace(fn: Callable, state: tuple, extra=(), py: dict | None = None):
   """Abstractly run fn(state, *extra) -> state. Returns the output state with array
-  leaves as ShapeDtypeStruct and non-array leaves as they are."""
+  leaves as ShapeDtypeStruct and non-array leaves as they are; `py` receives the output
+  state's entries that are Python bools (by index)."""
   leaves, tree = jax.tree_util.tree_flatten(state)
   dyn = [i for i, l in enumerate(leaves) if _is_dyn(l)]
   box = {}
@@ -154,7 +198,10 @@ def _trace(fn: Callable, state: tuple, extra=()):
     ls = list(leaves)
     for i, v in zip(dyn, dyn_vals):
       ls[i] = v
-    out_leaves, box['tree'] = jax.tree_util.tree_flatten(fn(jax.tree_util.tree_unflatten(tree, ls), *extra))
+    res = fn(jax.tree_util.tree_unflatten(tree, ls), *extra)
+    if py is not None:
+      py.update({i: v for i, v in enumerate(res) if type(v) is bool})
+    out_leaves, box['tree'] = jax.tree_util.tree_flatten(res)
     box['static'] = [None if _is_dyn(l) else l for l in out_leaves]
     return [l for l in out_leaves if _is_dyn(l)]
 
@@ -165,13 +212,14 @@ def _trace(fn: Callable, state: tuple, extra=()):
 
 def _trace_closed(fn: Callable):
   """Trace fn() -> state once: (output state with array leaves as ShapeDtypeStruct,
-  ClosedJaxpr computing those array leaves)."""
+  ClosedJaxpr computing those array leaves). Python bools stay Python values (the `if`
+  keeps a flag static when both branches set it alike, e.g. `do_return = True`)."""
   box = {}
 
   def f():
     out_leaves, box['tree'] = jax.tree_util.tree_flatten(fn())
-    box['static'] = [None if _is_dyn(l) else l for l in out_leaves]
-    return [l for l in out_leaves if _is_dyn(l)]
+    box['static'] = [None if _is_dyn(l) and type(l) is not bool else l for l in out_leaves]
+    return [l for l, s in zip(out_leaves, box['static']) if s is None]
 
   closed = jax.make_jaxpr(f)()
   avals = iter(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals)
@@ -225,16 +273,16 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
   p = _pred(pred, info)
   init = get_state()
 
-  def traced(fn):  # one trace of the branch: its abstract output state and its jaxpr
+  def traced(fn, implied=()):  # one trace of the branch: its abstract output state and its jaxpr
     def g():
-      set_state(init)
+      set_state(tuple(True if n in implied else v for n, v in zip(info.names, init)))
       _run(fn, info)
       return get_state()
     return _trace_closed(g)
 
   try:
     with _traced_region():
-      (out_t, jaxpr_t), (out_f, jaxpr_f) = traced(body), traced(orelse)
+      (out_t, jaxpr_t), (out_f, jaxpr_f) = traced(body), traced(orelse, info.implied)
   finally:
     set_state(init)
   outs = (out_t, out_f)
@@ -251,8 +299,12 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
                     f"assign '{name}' before the `if` or in both branches (with the same shape and dtype)")
       a = b if ua else a
       b = a
+      if info.ret and name == info.ret[1] and a is not None and 'guard' not in info.flags:
+        _SPLIT[(info.file,) + info.ret] = info.line  # returns on one side only: named if it falls off later
     ta, tb = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    if info.ret and name == info.ret[1] and ta != tb:
+      raise _return_kinds(info, a, b)
     what = 'return value' if name in info.zero_ok else f"variable '{name}'"
     if ta != tb and (isinstance(a, (list, _Collect)) or name in info.zero_ok):
       na, nb = (len(v.items) if isinstance(v, _Collect) else len(v) if isinstance(v, list) else -1 for v in (a, b))
@@ -269,7 +321,10 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
       dx, dy = isinstance(x, jax.ShapeDtypeStruct), isinstance(y, jax.ShapeDtypeStruct)
       if not dx and not dy and _same_static(x, y):
         spec.append(('s', x))
-      elif dx and dy and x.shape == y.shape:
+        continue
+      x, y = _bool_sds(x), _bool_sds(y)  # Python bools that differ (or meet an array) become arrays
+      dx, dy = isinstance(x, jax.ShapeDtypeStruct), isinstance(y, jax.ShapeDtypeStruct)
+      if dx and dy and x.shape == y.shape:
         spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_aval(x), _aval(y)))))
       else:
         raise error(info, f'{what} is {_describe(x)} in the if branch but {_describe(y)} in the else '
@@ -300,6 +355,27 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
   set_state(tuple(final))
 
 
+def _bool_sds(v):
+  return jax.ShapeDtypeStruct((), jnp.bool_) if type(v) is bool else v
+
+
+def _return_kinds(info: Info, a, b) -> AutographError:
+  """The two sides of a traced `if` return different kinds of values (None / a value /
+  another structure): one traced program cannot return both."""
+  name = info.ret[2]
+  if 'guard' in info.flags:  # `if not do_return: <rest>`: else = an earlier return ran
+    sides = (f'{_kind(b)} where an earlier `return` ran but {_kind(a)} on the path that continues here; '
+             f'whether that `return` ran depends on a traced condition')
+  else:
+    sides = f'{_kind(a)} in the if branch but {_kind(b)} in the else branch of this `if` on a traced condition'
+  none = '. A bare `return`, or reaching the end of the function, returns None' if a is None or b is None else ''
+  return error(info, f"'{name}' returns {sides}, and a traced function returns one structure on every path{none}"
+                     f"\n  its returns: {_returns(info.file, info.ret)}",
+               'return values of the same structure, shape and dtype on every path (an explicit '
+               '`return <value>` instead of a bare `return` or falling off the end), or make the condition a '
+               'Python value (static)')
+
+
 def if_exp(pred, a: Callable, b: Callable):
   """`a() if pred else b()`; traced pred -> lax.cond with dtype promotion between the arms."""
   if not is_traced(pred):
@@ -318,10 +394,11 @@ def _noop():
   pass
 
 
-def _loop_plan(info: Info, init: tuple, step: Callable, extra, skip=()):
+def _loop_plan(info: Info, init: tuple, step: Callable, extra, skip=(), first: dict | None = None):
   """Which variables a traced loop carries, with initial values; checks the carry keeps
   its structure, shape and dtype (weakly typed Python scalars are promoted once).
-  `skip`: lists collected by `append` (stacked outputs, not carries)."""
+  `skip`: lists collected by `append` (stacked outputs, not carries); `first` receives
+  the Python bools the first iteration leaves (a `return` it always runs)."""
   state = list(init)
   carried = [i for i, n in enumerate(info.names) if n in info.head and i not in skip]
   for i, name in enumerate(info.names):
@@ -329,8 +406,8 @@ def _loop_plan(info: Info, init: tuple, step: Callable, extra, skip=()):
       raise error(info, f"variable '{name}' is read in this traced `{info.kind}` loop before it is "
                         f"assigned, and it is not defined before the loop",
                   f"initialize '{name}' before the loop (with the shape and dtype it has in the loop)")
-  for _ in range(4):
-    out = _trace(step, tuple(state), extra)
+  for k in range(4):
+    out = _trace(step, tuple(state), extra, first if k == 0 else None)
     changed, keep = False, []
     for i in carried:
       name, a, b = info.names[i], state[i], out[i]
@@ -569,7 +646,8 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
              set_state: Callable, info: tuple):
   it = _as_iter(iterable)
   info = Info(*info)
-  guard = info._replace(kind='if', live=info.head)
+  guard = info._replace(kind='if', live=info.head, flags=info.flags + ('guard',),
+                        implied=info.stop if len(info.stop) == 1 else ())  # skipped iteration: the flag is set
   if it is None or (isinstance(it, _RangeIter) and not any(map(is_traced, jax.tree_util.tree_leaves(get_state())))
                     and not any(map(is_traced, (it.start, it.stop)))):
     for x in (iterable if it is None else range(it.start, it.stop, it.step)):
@@ -614,7 +692,8 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
     with _traced_region():
       i0 = jax.ShapeDtypeStruct((), jnp.int32)
       sl0 = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in it.arrays]
-      state, carried = _loop_plan(info, init, step, (i0, sl0), skip=coll)
+      first = {}
+      state, carried = _loop_plan(info, init, step, (i0, sl0), skip=coll, first=first)
       carry = _Carry(state, carried)
       stacked = None
       if use_scan and not it.indexed:  # plain scan over the arrays' leading axis
@@ -646,6 +725,13 @@ def for_stmt(iterable, extra_test: Callable | None, body: Callable, get_state: C
     set_state(init)
     raise
   _finish(set_state, info, init, carry, out)
+  if use_scan and n >= 1 and info.ret and info.ret[0] in info.names and \
+      first.get(info.names.index(info.ret[0])) is True:
+    # the first iteration always returns (`for v in xs: return v`): after the loop the function
+    # has returned on every path, so the flag is a Python True (not a carry that merely is True)
+    st = list(get_state())
+    st[info.names.index(info.ret[0])] = True
+    set_state(tuple(st))
   if coll:  # Python semantics: the list object itself grows by n * (appends per iteration) elements
     st = list(get_state())
     for k, per_iter in zip(coll, stacked):

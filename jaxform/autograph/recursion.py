@@ -109,6 +109,8 @@ def rewrite(fn: ast.FunctionDef, filename: str) -> str | None:
 
     Tail().visit(fn)
     end = [] if _exits(fn.body) else [ast.copy_location(ast.Return(value=None), fn.body[-1])]  # fell off the end
+    for r in end:
+      r.ag_falloff = True  # messages say "reaches the end", not "a bare return"
     loop = ast.copy_location(ast.While(test=ast.Constant(True), body=fn.body + end, orelse=[]), fn.body[0])
     fn.body = [loop]
     return 'tail'

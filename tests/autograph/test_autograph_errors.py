@@ -93,7 +93,10 @@ def test_returns_of_different_structure():
     if x > 0:
       return x, x
     return x
-  _raises(f, 1.0, match=('return value', 'different structure'))
+  e = _raises(f, 1.0, match=("'f' returns (float32[], float32[]) where an earlier `return` ran",
+                             'float32[] on the path that continues here', 'one structure on every path',
+                             'return x, x'))
+  assert f'{HERE}:{f.__code__.co_firstlineno + 3}' in str(e.value)  # the `return x` that differs
 
 
 def test_read_before_assignment_in_traced_loop():

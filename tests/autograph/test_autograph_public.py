@@ -95,7 +95,10 @@ def newton(f, df, x0, tol):
     return x
 
 
-# Aditbar/Elementary-My-Dear-Watson  Python/ModulDasar/ModulNewtRaph.py   (return inside a loop)
+# Aditbar/Elementary-My-Dear-Watson  Python/ModulDasar/ModulNewtRaph.py   (return inside a loop;
+# one-line change: the original ends with `print("Too much\n")`, i.e. returns None when it does not
+# converge; a traced function cannot return a tuple on one path and None on another, so it returns
+# a flag instead. Unchanged, it raises an AutographError: test_newtraph_unchanged_raises)
 @program(f_cubic, df_cubic, 3.0, 1e-5, static=(0, 1))
 def NewtRaph(f, df, x, eps = 1.0e-9):
     for i in range(30):
@@ -103,7 +106,7 @@ def NewtRaph(f, df, x, eps = 1.0e-9):
         x = x + dx
         if abs(dx) < eps:
             return x, 1
-    print("Too much\n")
+    return x, 0
 
 
 # ---- number theory (tail recursion -> while loop) ------------------------------------------
@@ -342,3 +345,25 @@ def test_public_program(fn, args, static, lax):
     conv = autograph(fn, static_range=mode)
     _close(jax.jit(conv, static_argnums=static)(*jargs), want)
   _close(autograph(fn)(*jargs), want)  # eager: concrete values run as Python
+
+
+def test_newtraph_unchanged_raises():
+  """The unchanged NewtRaph falls off its end (returns None) when it does not converge. Under
+  jit that path is decided by a traced test: an AutographError at the `if`, not zeros."""
+  from jaxform.autograph import AutographError
+
+  # Aditbar/Elementary-My-Dear-Watson  Python/ModulDasar/ModulNewtRaph.py (as written there)
+  def NewtRaph(f, df, x, eps = 1.0e-9):
+      for i in range(30):
+          dx = -f(x)/df(x)
+          x = x + dx
+          if abs(dx) < eps:
+              return x, 1
+      print("Too much\n")
+
+  assert NewtRaph(f_cubic, df_cubic, 3.0, 1e-5)[1] == 1  # plain Python converges here
+  _close(autograph(NewtRaph)(f_cubic, df_cubic, jnp.asarray(3.0), 1e-5), NewtRaph(f_cubic, df_cubic, 3.0, 1e-5))
+  for mode in ('python', 'lax'):
+    with pytest.raises(AutographError, match=r"(?s)'NewtRaph' returns \(float32\[\], (weak )?int32\[\]\) on some "
+                                             r"paths but on others reaches its end.*if abs\(dx\) < eps:"):
+      jax.jit(autograph(NewtRaph, static_range=mode), static_argnums=(0, 1))(f_cubic, df_cubic, 3.0, 1e-5)
