@@ -1,4 +1,5 @@
 """optimize as a drop-in transform: pytrees, static args, caching, errors, fault handling."""
+import sys
 import warnings
 
 import jax
@@ -91,6 +92,20 @@ def test_failing_pass_is_skipped_with_warning(bad, what):
     np.testing.assert_allclose(out["y"], f(P, X)["y"])
     with pytest.raises(jaxform.PassError, match=bad.__name__):
         jaxform.optimize(f, passes=[bad], strict=True)(P, X)
+
+
+@pytest.mark.parametrize("how", ["call", "jit", "grad", "jit_vmap"])
+def test_skipped_pass_warning_points_at_the_callers_line(how):
+    """Issue 15, finding 13: the warning named jaxform/optimize.py; it must name the user's line
+    (the one calling the wrapper, or the transformation of it), in this file."""
+    g = jaxform.optimize(lambda x: jnp.sin(x).sum(), passes=[_boom])
+    x = jnp.arange(3.0)
+    run = {"call": g, "jit": jax.jit(g), "grad": jax.grad(g), "jit_vmap": jax.jit(jax.vmap(g))}[how]
+    with pytest.warns(UserWarning, match="pass '_boom' failed") as rec:
+        line = sys._getframe().f_lineno + 1
+        run(x if how != "jit_vmap" else x[None])
+    (w,) = [r for r in rec if "_boom" in str(r.message)]
+    assert (w.filename, w.lineno) == (__file__, line)
 
 
 def test_unknown_pass_name():
