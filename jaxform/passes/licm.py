@@ -482,11 +482,12 @@ def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) ->
     cin = loop.body_carry[j]
     # acc_m: a new carry summing m over the steps
     zero = Graph.literal(0, m.aval.dtype)
+    # every node made here stands for the user's accumulation `acc + L(m)`: its line and context
     init = graph.add("broadcast_in_dim", [zero], {"shape": m.aval.shape, "broadcast_dimensions": (),
-                                                "sharding": None})
+                                                "sharding": None}, source_info=add.source_info, ctx=add.ctx)
     graph._nodes.pop()
     acc = loop.add_carry(init.outputs[0])
-    step = body.add("add_any", [acc.inner, m_body])
+    step = body.add("add_any", [acc.inner, m_body], source_info=add.source_info, ctx=add.ctx)
     acc.set_next(step.outputs[0])
     body.set_output(j, cin)    # the old carry passes through unchanged
     body.remove(add)
@@ -507,13 +508,14 @@ def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) ->
                 ins.append(graph.add_const(consts[v.id].const))   # a constant of an inner body
             else:
                 ins.append(consts[v.id])
-        c = graph.add(n.prim, ins, n.params, source_info=n.source_info)
+        c = graph.add(n.prim, ins, n.params, source_info=n.source_info, ctx=n.ctx)
         graph._nodes.pop()
         after.append(c)
         env.update((o.id, co) for o, co in zip(n.outputs, c.outputs))
     res = node.outputs[j]
     uses = list(res.uses)
-    fin = graph.add("add_any", [node.inputs[loop.num_consts + j], env[rr.id]])   # the carry's start value
+    fin = graph.add("add_any", [node.inputs[loop.num_consts + j], env[rr.id]],   # the carry's start value
+                    source_info=add.source_info, ctx=add.ctx)
     graph._nodes.pop()
     for u, i in uses:
         graph.set_output(i, fin.outputs[0]) if u is OUT else u.set_input(i, fin.outputs[0])

@@ -340,9 +340,10 @@ def _splice(graph: Graph, node: Node, sub: Graph) -> None:
     for old, new in zip(node.outputs, outs):
         graph.replace_uses(old, new)
     here = os.path.dirname(os.path.abspath(__file__))
-    for n, _ in sub.walk():   # the new loop structure stands where the user wrote the scan
-        if n.location().startswith(here):
-            n.source_info = node.source_info
+    for n, _ in sub.walk():   # the new loop structure stands where the user wrote the scan, in its context
+        loc = n.location()   # '': made by JAX for the pass (jax.checkpoint's remat2), no user frame
+        if not loc or loc.startswith(here):
+            n.source_info, n.ctx = node.source_info, node.ctx
     at = graph._nodes.index(node)
     for i, v in enumerate(node.inputs):
         v.uses.remove((node, i))
