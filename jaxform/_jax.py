@@ -346,6 +346,19 @@ def jit_trace(fn, static_argnums, static_argnames, args, kwargs):
     return closed, t.out_tree
 
 
+def spec_of(aval) -> jax.ShapeDtypeStruct:
+    """A ShapeDtypeStruct that traces back to `aval`: shape, dtype, weak type, and where set, its
+    sharding (an explicit-axes mesh) and manual-axis type (shard_map's varying axes). Passes
+    that re-trace a piece of a program (remat_loops, fission) would otherwise change its signature."""
+    sharding = getattr(aval, "sharding", None)
+    if sharding is not None and getattr(sharding, "mesh", None) is not None and sharding.mesh.empty:
+        sharding = None   # no mesh: as a plain trace makes it
+    mat = getattr(aval, "mat", None)
+    mat = None if mat is None or mat.empty else mat
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False),
+                                sharding=sharding, manual_axis_type=mat)
+
+
 def as_output(x, aval):
     """`x` as the jax Array jit would return for `aval` (eval_jaxpr hands back literals and inputs as they are)."""
     if isinstance(x, jax.Array):

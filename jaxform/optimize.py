@@ -9,9 +9,11 @@ output fails verification, is skipped with a warning (strict=True raises).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import sys
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -160,6 +162,29 @@ def verify(closed, like, *, typecheck: bool = True) -> None:
                         f"expected {like.in_avals} -> {like.out_avals}")
 
 
+def _package_dir(module) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+# Frames a pass-failure warning skips: jaxform itself, JAX's tracing machinery, and the
+# stdlib decorators between them (contextlib's ContextDecorator wraps run_passes).
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep, _package_dir(jax), contextlib.__file__)
+
+
+def _user_stacklevel() -> int:
+    """`stacklevel` for a warning issued by our caller: the first frame outside jaxform and JAX.
+
+    A pass fails while `optimize`'s wrapper traces, possibly deep inside
+    `jax.jit`/`grad` tracing: the warning then points at the user's line that
+    called the wrapper (or the transformation of it), not at jaxform.
+    """
+    frame, level = sys._getframe(2), 2    # level 1: the caller, which warns
+    while frame is not None and (frame.f_code.co_filename.startswith(_INTERNAL)
+                                 or frame.f_code.co_filename.startswith("<frozen ")):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
 @gc_paused()
 def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "",
                on_change: Callable | None = None):
@@ -195,7 +220,7 @@ def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "
                 ("" if strict else " and was skipped") + f": {type(e).__name__}: {e}"
             if strict:
                 raise PassError(msg) from e
-            warnings.warn(msg, stacklevel=3)
+            warnings.warn(msg, stacklevel=_user_stacklevel())
             continue
         if on_change is not None:
             on_change(name, good, out)

@@ -50,6 +50,31 @@ def test_cache_key_includes_x64():
     assert g(x).dtype == jnp.int32
 
 
+def _from_constants(x):
+    w = jnp.asarray(1.5)                      # weak-typed; float64 under x64
+    return {"c": jnp.sin(w), "lit": jnp.sin(jnp.asarray(1.5)) * 2.0, "x": x * w}
+
+
+def _types(tree):
+    return [(x.dtype, x.weak_type, type(x).__name__) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("passes", [None, [], ["algebra", "cse", "dce"]])
+@pytest.mark.parametrize("first", [False, True])
+def test_cache_key_x64_for_outputs_from_constants(passes, first):
+    """The fuzzer's residual of finding 7: a wrapper first called without x64 returned float32 under
+    enable_x64 for an output computed from constants. Same wrapper, both orders, plain and under jit."""
+    g = jaxform.optimize(_from_constants, passes=passes)
+    for x64 in (first, not first, first):
+        with jax.enable_x64(x64):
+            for x in (2.0, jnp.float32(2.0)):
+                want = jax.jit(_from_constants)(x)
+                assert _types(g(x)) == _types(jax.jit(g)(x)) == _types(want)
+                assert want["c"].dtype == (jnp.float64 if x64 else jnp.float32)
+                for k in want:
+                    np.testing.assert_allclose(g(x)[k], want[k], rtol=1e-6)
+
+
 def test_cache_key_includes_rank_promotion():
     g = jaxform.optimize(lambda x, y: x + y)
     g(jnp.ones(3), jnp.ones((2, 1)))

@@ -1,4 +1,5 @@
 """optimize as a drop-in transform: pytrees, static args, caching, errors, fault handling."""
+import sys
 import warnings
 
 import jax
@@ -93,6 +94,20 @@ def test_failing_pass_is_skipped_with_warning(bad, what):
         jaxform.optimize(f, passes=[bad], strict=True)(P, X)
 
 
+@pytest.mark.parametrize("how", ["call", "jit", "grad", "jit_vmap"])
+def test_skipped_pass_warning_points_at_the_callers_line(how):
+    """Issue 15, finding 13: the warning named jaxform/optimize.py; it must name the user's line
+    (the one calling the wrapper, or the transformation of it), in this file."""
+    g = jaxform.optimize(lambda x: jnp.sin(x).sum(), passes=[_boom])
+    x = jnp.arange(3.0)
+    run = {"call": g, "jit": jax.jit(g), "grad": jax.grad(g), "jit_vmap": jax.jit(jax.vmap(g))}[how]
+    with pytest.warns(UserWarning, match="pass '_boom' failed") as rec:
+        line = sys._getframe().f_lineno + 1
+        run(x if how != "jit_vmap" else x[None])
+    (w,) = [r for r in rec if "_boom" in str(r.message)]
+    assert (w.filename, w.lineno) == (__file__, line)
+
+
 def test_unknown_pass_name():
     with pytest.raises(ValueError, match="unknown pass 'csee'.*Did you mean cse"):
         jaxform.optimize(f, passes=["csee"])
@@ -179,3 +194,41 @@ def test_hoisted_loop_gradient_keeps_weak_type(name):
                     jaxform.optimize(jax.grad(fn), passes=["hoist_loop_invariants"])(a)]:
             assert jax.typeof(got) == jax.typeof(want)
             np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def _ck_gram(W, x):   # the transposed scan of its gradient is what sum_then_pull_back rewrites
+    body = jax.checkpoint(lambda c, _: (jnp.tanh((W @ W.T) @ c), None))
+    return jnp.sum(jax.lax.scan(body, x, None, length=5)[0] ** 2)
+
+
+WEAK_PROGRAMS = {
+    "scan_closes_weak_const": lambda w, v: jax.lax.scan(
+        lambda c, x: (c + jnp.sin(jnp.asarray(1.5)) * w * x, None), 0.0, v)[0],
+    "jaxform_scan_closure": lambda w, v: jaxform.scan(lambda c, x: (c + jnp.sin(w) * 2.0 * x, c), 0.0, v)[1].sum(),
+    "nested_scans": lambda w, v: jax.lax.scan(lambda c, x: (jax.lax.scan(
+        lambda d, _: (d + jnp.sin(w) * x, None), c, length=2)[0], None), w, v)[0],
+    "ck_gram": lambda w, v: _ck_gram(w * jax.lax.full((3, 3), 0.2) + jnp.eye(3) * 0.0, v),
+}
+
+
+@pytest.mark.parametrize("pipeline", ["default", "pull_back", "remat_min"])
+@pytest.mark.parametrize("name", sorted(WEAK_PROGRAMS))
+def test_gradients_keep_weak_types_through_pipelines(name, pipeline):
+    """Issue 15, finding 20: weak-typed inputs (Python floats, lax.full) and weak constants closed
+    over in loop bodies; the gradient's types must be jax.grad's, through hoisting, the
+    pull-back of hoisted residuals, and loop rescheduling."""
+    from jaxform.passes.licm import sum_then_pull_back
+    fn = WEAK_PROGRAMS[name]
+    passes, memory = {"default": (None, "auto"), "pull_back": (["hoist_loop_invariants", sum_then_pull_back], None),
+                      "remat_min": (None, "min")}[pipeline]
+    v = jax.lax.full((3,), 0.5)                         # weak-typed array
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # no skipped pass, no DeprecationWarning
+        for w in [2.0, jnp.float32(2.0)]:
+            want = jax.grad(fn, (0, 1))(w, v)
+            g = jaxform.optimize(fn, passes=passes, memory=memory, strict=True)
+            for got in [jax.grad(g, (0, 1))(w, v), jax.jit(jax.grad(g, (0, 1)))(w, v),
+                        jaxform.optimize(jax.grad(fn, (0, 1)), passes=passes, memory=memory, strict=True)(w, v)]:
+                assert [jax.typeof(t) for t in got] == [jax.typeof(t) for t in want]
+                for a, b in zip(want, got):
+                    np.testing.assert_allclose(b, a, rtol=1e-5)

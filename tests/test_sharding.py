@@ -4,6 +4,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -100,3 +101,70 @@ def test_fuse_scan_reductions_data_parallel_rnn():
     assert scan.params["num_carry"] == 2   # the loss accumulator joined the carry (deferred on CPU: [batch, hidden])
     text = jax.jit(opt, **kw).lower(w, xs, ts).as_text()
     assert '[{}, {"b"}, {}]' in text  # xs, ts stay batch-sharded in the fused program
+
+
+# ---- re-traced loops keep sharded types (explicit mesh axes) ----
+
+EXPLICIT = jax.make_mesh((8,), ("b",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def _types(tree):
+    return [jax.typeof(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("memory", ["auto", "min"])
+def test_remat_loops_corpus_scan_rnn_in_explicit_mesh(memory):
+    """Under an explicit-axes mesh, values made inside the program carry the mesh in their type.
+    remat_loops re-traces the scan from ShapeDtypeStructs that dropped it, so the result
+    types changed and the pass was skipped ("signature changed"); now they carry it."""
+    from corpus import scan_rnn
+    xs, w = jnp.sin(jnp.arange(21.0)).reshape(7, 3), jnp.eye(3) * 0.5
+    with jax.set_mesh(EXPLICIT):
+        opt = jaxform.optimize(scan_rnn, memory=memory, strict=True)
+        assert _types(opt(xs, w)) == _types(jax.jit(scan_rnn)(xs, w))
+        loss = lambda f: lambda xs, w: sum(jnp.sum(y) for y in jax.tree_util.tree_leaves(f(xs, w)))  # noqa: E731
+        want, got = jax.jit(jax.grad(loss(scan_rnn), (0, 1)))(xs, w), jax.jit(jax.grad(loss(opt), (0, 1)))(xs, w)
+        for a, b in zip(want, got):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+        if memory == "min":   # ("auto" keeps this loop on JAX 0.12, which stores fewer residuals)
+            g = jaxform.trace(opt, xs, w)
+            assert any(n.name in ("remat2", "checkpoint") for n, _ in g.walk())   # the loop was rescheduled
+
+
+def test_remat_loops_data_parallel_rnn_explicit_batch_sharding():
+    def loss(w, h0, xs):   # batch sharded over the 8 devices, explicitly
+        _, hs = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, h0, xs)
+        return jnp.sum(hs ** 2)
+    sb = NamedSharding(EXPLICIT, P(None, "b"))
+    w = jax.device_put(jnp.eye(4) * 0.5, NamedSharding(EXPLICIT, P()))
+    h0 = jax.device_put(jnp.zeros((16, 4)), NamedSharding(EXPLICIT, P("b")))
+    xs = jax.device_put(jnp.sin(jnp.arange(20 * 16 * 4.0)).reshape(20, 16, 4), sb)
+    with jax.set_mesh(EXPLICIT):
+        opt = jaxform.optimize(loss, passes=[], memory="min", strict=True)
+        want, got = jax.jit(jax.grad(loss, (0, 2)))(w, h0, xs), jax.jit(jax.grad(opt, (0, 2)))(w, h0, xs)
+        for a, b in zip(want, got):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+            assert jax.typeof(b) == jax.typeof(a)   # same sharded types
+        g = jaxform.trace(opt, w, h0, xs)
+        assert sum(n.name == "scan" for n, _ in g.walk()) == 2   # √L: an outer and an inner scan
+
+
+def test_remat_loops_leaves_device_varying_scan_in_shard_map():
+    """A scan in shard_map whose carry varies over devices cannot be re-traced outside shard_map's
+    axis environment: remat_loops must leave it (the check read `aval.vma`, which JAX 0.10+ avals no
+    longer have, so memory="min" raised 'unbound axis name' and the pass was skipped)."""
+    from jaxform.passes.remat_loops import reschedulable_why
+    mesh = jax.make_mesh((8,), ("b",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def inner(w, h0, xs):
+        _, hs = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, h0, xs)
+        return jnp.sum(hs ** 2, keepdims=True)[None]
+    f = jax.shard_map(inner, mesh=mesh, in_specs=(P(), P("b"), P(None, "b")), out_specs=P("b"))
+    w, h0, xs = jnp.eye(4) * 0.5, jnp.zeros((16, 4)), jnp.sin(jnp.arange(20 * 16 * 4.0)).reshape(20, 16, 4)
+    opt = jaxform.optimize(f, passes=[], memory="min", strict=True)
+    want = jax.grad(lambda *a: f(*a).sum(), (0, 2))(w, h0, xs)
+    got = jax.grad(lambda *a: opt(*a).sum(), (0, 2))(w, h0, xs)
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    (scan,) = [n for n, _ in jaxform.trace(f, w, h0, xs).walk() if n.name == "scan"]
+    assert "vary across shard_map devices" in reschedulable_why(scan)

@@ -139,7 +139,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     mems: dict = {}
 
     def mem(c):
-        key = str(c.jaxpr)
+        key = program.program_key(c)
         if key not in mems:
             with step(f"compiling program {len(mems) + 1} of {len(stages) + 1} for XLA's memory analysis"):
                 mems[key] = program.temp_bytes(c, flat)

@@ -18,6 +18,8 @@ import numpy as np
 
 from .. import _jax
 from .. import passes as _passes
+from ..ir import Graph
+from ..ir.identity import structure
 from ..optimize import run_passes
 
 
@@ -55,10 +57,22 @@ def pass_name(p) -> str:
     return getattr(p, "pass_name", None) or getattr(p, "__name__", None) or repr(p)
 
 
+def program_key(closed):
+    """Equal keys: the same program by the identity rule (`identity.structure`: callables, custom
+    rules and constants by identity), never by printed text, which JAX prints alike for two
+    different callbacks. A program with an unhashable param is equal only to itself."""
+    try:
+        key = structure(Graph.from_jaxpr(closed))
+        hash(key)
+        return key
+    except TypeError:
+        return ("unshared", id(closed))
+
+
 def run(closed, passes, on_change: Callable | None = None, *, strict: bool = False):
     """Run the passes on `closed`; on_change(name, before, after) only for passes that changed it."""
     def changed(name, before, after):
-        if on_change is not None and str(before.jaxpr) != str(after.jaxpr):
+        if on_change is not None and program_key(before) != program_key(after):
             on_change(name, before, after)
     return run_passes(closed, pipeline(passes), strict=strict, on_change=changed)
 

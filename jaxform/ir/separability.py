@@ -414,7 +414,9 @@ def drop_invariant_axis(g: Graph, orig: Value, v: Value, a: int, length: int, tr
         new.ctx = b.ctx
         return new.outputs[0]
     if s[a] == 1:
-        return g.add("reshape", [v], {"new_sizes": _drop(s, a), "dimensions": None}).outputs[0]
+        p = orig.producer   # the per-step view of a user value: its line and context
+        return g.add("reshape", [v], {"new_sizes": _drop(s, a), "dimensions": None},
+                     source_info=p and p.source_info, ctx=p and p.ctx).outputs[0]
     raise NotSeparable("a constant with the scan's length would need the step index")
 
 

@@ -35,13 +35,16 @@ import jax
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
+from ..ir.identity import is_impure
 from ..ir.separability import ELEMENTWISE
+from ..ir.sizes import nbytes
+from ..ir.toposort import producers_first
 from . import register
 from .inline import inline_call
-from .licm import TRIVIAL, _nbytes, _pure, _topo
+from .licm import TRIVIAL
 from .outline import outline
 
-NO_BATCH = frozenset({"cond", "while"})   # (impure nodes, rng_uniform among them, never move: `_pure`)
+NO_BATCH = frozenset({"cond", "while"})   # (impure nodes, rng_uniform among them, never move: `identity.is_impure`)
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 # Batch matmuls (input projections) too? None: by backend, not on CPU. Measured on CPU (benchmarks/loops.py,
 # L=400, B=H=128): a hand-batched `xs @ U` made the RNN 0.8-0.95x as fast forward and 0.5-0.8x under grad
@@ -83,8 +86,8 @@ def carry_free(loop: ScanLoop) -> tuple[list[Node], set[int]]:
     xs_ids = {v.id for v in loop.body_xs}
     kind: dict[int, str] = {i: "c" for i in const_ids} | {i: "x" for i in xs_ids}
     nodes: list[Node] = []
-    for n in _topo(body):
-        if (n.name in no_batch or not _pure(n) or any(o.id in dep for o in n.outputs)
+    for n in producers_first(body.nodes):
+        if (n.name in no_batch or is_impure(n) or any(o.id in dep for o in n.outputs)
                 or not all(v.is_literal or v.id in kind for v in n.inputs)):
             continue
         k = "x" if any(kind.get(v.id) == "x" for v in n.inputs) else "c"
@@ -152,11 +155,11 @@ def _affordable(loop: ScanLoop, chosen: list[Node], escaping: list[Value]) -> bo
     not fuse it away.
     """
     L, ids, esc = loop.length, {id(n) for n in chosen}, {v.id for v in escaping}
-    inner = max((_nbytes(o.aval) for n in chosen for o in n.outputs if o.id not in esc), default=0)
-    added = L * (sum(_nbytes(v.aval) for v in escaping) + inner)
-    freed = sum(_nbytes(o.aval) for v, o in zip(loop.body_xs, loop.xs)
+    inner = max((nbytes(o.aval) for n in chosen for o in n.outputs if o.id not in esc), default=0)
+    added = L * (sum(nbytes(v.aval) for v in escaping) + inner)
+    freed = sum(nbytes(o.aval) for v, o in zip(loop.body_xs, loop.xs)
                 if v.uses and all(u is not OUT and id(u) in ids for u, _ in v.uses) and len(o.uses) == 1)
-    budget = sum(_nbytes(v.aval) for v in loop.xs) + sum(_nbytes(v.aval) for v in loop.ys)
+    budget = sum(nbytes(v.aval) for v in loop.xs) + sum(nbytes(v.aval) for v in loop.ys)
     return added - freed <= budget
 
 
@@ -177,8 +180,8 @@ def ys_only(loop: ScanLoop) -> list[Node]:
     no_batch = NO_BATCH if _batch_matmuls() else NO_BATCH | MATMULS
     stacked = {v.id for v, o in zip(loop.body_ys, loop.ys) if o.uses} | {v.id for v in loop.body_xs}
     const_ids = {v.id for v in loop.body_consts} | {v.id for v in body.consts}
-    order = _topo(body)
-    cand = {id(n) for n in order if n.outputs and n.name not in no_batch and _pure(n)}
+    order = producers_first(body.nodes)
+    cand = {id(n) for n in order if n.outputs and n.name not in no_batch and not is_impure(n)}
     changed = True
     while changed:
         changed = False
@@ -245,7 +248,7 @@ def _batched(graph: Graph, scan: Node, part: Graph, operands: list[Value], axes:
     closed = part.to_jaxpr()
     fn = jax.vmap(lambda *a: _jax.eval_jaxpr(closed, *a), in_axes=tuple(axes), out_axes=0,
                   axis_size=scan.params["length"])
-    specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in operands]
+    specs = [_jax.spec_of(v.aval) for v in operands]
     batched = Graph.from_jaxpr(jax.make_jaxpr(fn)(*specs))
     call = graph.add(_jax.CALL_PRIMITIVE, operands, {}, regions={"body": batched}, source_info=scan.source_info)
     graph._nodes.pop()

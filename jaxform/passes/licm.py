@@ -31,10 +31,10 @@ only costs that work once. Exact: the same ops on the same values.
 """
 from __future__ import annotations
 
-import math
-
 from ..ir import Graph, Node, Value
 from ..ir.identity import is_impure
+from ..ir.sizes import nbytes
+from ..ir.toposort import producers_first
 from ..ir.graph import OUT
 from ..ir.regions import CALLS
 from . import register
@@ -76,29 +76,16 @@ def _hoist(graph: Graph) -> bool:
 
 # ---- what may move -------------------------------------------------------------
 
-def _nbytes(aval) -> float:
-    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
-        return math.inf   # tokens, refs, ...: never move
-    return math.prod(shape) * getattr(dtype, "itemsize", 8)
-
-
-def _pure(node: Node) -> bool:
-    """The IR's rule (`identity.is_impure`): effects, Refs and stateful RNG (`rng_uniform` draws anew
-    each step, with no effect to say so) never leave their loop."""
-    return not is_impure(node)
-
-
 def _input_effects(node: Node) -> bool:
     return any(t is not None for _, t in node.effects)
 
 
 def _movable(node: Node, known: set[int]) -> bool:
     """Pure, all inputs available outside, and not expanding (see the module policy)."""
-    if not all(v.is_literal or v.id in known for v in node.inputs) or not _pure(node):
+    if not all(v.is_literal or v.id in known for v in node.inputs) or is_impure(node):
         return False
-    out = sum(_nbytes(o.aval) for o in node.outputs)
-    return out <= max(sum(_nbytes(v.aval) for v in node.inputs), EXPANSION_LIMIT)
+    out = sum(nbytes(o.aval) for o in node.outputs)
+    return out <= max(sum(nbytes(v.aval) for v in node.inputs), EXPANSION_LIMIT)
 
 
 def _work(node: Node) -> bool:
@@ -112,8 +99,8 @@ def _work(node: Node) -> bool:
         return False
     if node.name not in TRIVIAL:
         return True
-    return sum(_nbytes(o.aval) for o in node.outputs) <= max((_nbytes(v.aval) for v in node.inputs
-                                                                if not v.is_literal), default=0)
+    return sum(nbytes(o.aval) for o in node.outputs) <= max((nbytes(v.aval) for v in node.inputs
+                                                              if not v.is_literal), default=0)
 
 
 def _worth(cands: list[Node]) -> list[Node]:
@@ -127,25 +114,6 @@ def _worth(cands: list[Node]) -> list[Node]:
     return [n for n in cands if id(n) in keep]
 
 
-def _topo(graph: Graph) -> list[Node]:
-    """graph.nodes in an order where producers come first."""
-    mine, done, order = {id(n) for n in graph.nodes}, set(), []
-    for root in graph.nodes:
-        stack = [(root, False)]
-        while stack:
-            n, ready = stack.pop()
-            if id(n) in done:
-                continue
-            if ready:
-                done.add(id(n))
-                order.append(n)
-                continue
-            stack.append((n, True))
-            stack.extend((v.producer, False) for v in n.inputs
-                         if v.producer is not None and id(v.producer) in mine and id(v.producer) not in done)
-    return order
-
-
 # ---- moving nodes out of one region ----------------------------------------------
 
 def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs) -> list[Node]:
@@ -156,10 +124,10 @@ def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Val
     the region inputs that receive them. Returns the moved nodes, now in `target`.
     """
     known, cands = set(outer_of), []
-    for n in _topo(region):
+    for n in producers_first(region.nodes):
         if _movable(n, known):
             cands.append(n)
-        elif n.name in PEEL and _pure(n) and any(v.id in known for v in n.inputs):
+        elif n.name in PEEL and not is_impure(n) and any(v.id in known for v in n.inputs):
             cands.extend(_peel(region, n, known))   # now nodes of `region`, in front of n, all movable
         else:
             continue
@@ -295,7 +263,7 @@ def _from_cond(graph: Graph, node: Node) -> bool:
                     if k is not None:
                         table.setdefault(k, []).append(n)
             keyed.append(table)
-        for n in _topo(branches[0]):
+        for n in producers_first(branches[0].nodes):
             if id(n) in taken or not _movable(n, known[0]):
                 continue
             k = _safe_key(n, names[0])
@@ -394,7 +362,7 @@ def _defer_one(graph: Graph, node: Node) -> bool:
         if r.producer is None or len(r.uses) != 1:
             continue
         owner, call, rr, consts = body, None, r, outer_of
-        if r.producer.name in PEEL and _pure(r.producer) and r.producer.name not in ("jit", "pjit"):
+        if r.producer.name in PEEL and not is_impure(r.producer) and r.producer.name not in ("jit", "pjit"):
             call = r.producer
             owner, rr = call.regions["body"], call.regions["body"].outputs[r.index]
             if sum(1 for o in owner.outputs if o is rr) != 1 or len(rr.uses) != 1:
@@ -443,28 +411,12 @@ def _linear_region(r: Value, consts: dict[int, Value]):
             if o is not r and any(u is OUT or id(u) not in region for u, _ in o.uses):
                 return None
     (m,) = sources.values()
-    return [n for n in _topo_of(list(nodes.values()))], m
+    return producers_first(nodes.values()), m
 
 
 def _float(node: Node) -> bool:
     import numpy as np
     return all(np.issubdtype(v.aval.dtype, np.inexact) for v in node.inputs + node.outputs)
-
-
-def _topo_of(nodes: list[Node]) -> list[Node]:
-    ids, done, order = {id(n) for n in nodes}, set(), []
-
-    def go(n):
-        if id(n) in done:
-            return
-        done.add(id(n))
-        for v in n.inputs:
-            if v.producer is not None and id(v.producer) in ids:
-                go(v.producer)
-        order.append(n)
-    for n in nodes:
-        go(n)
-    return order
 
 
 def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) -> None:
@@ -482,11 +434,12 @@ def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) ->
     cin = loop.body_carry[j]
     # acc_m: a new carry summing m over the steps
     zero = Graph.literal(0, m.aval.dtype)
+    # every node made here stands for the user's accumulation `acc + L(m)`: its line and context
     init = graph.add("broadcast_in_dim", [zero], {"shape": m.aval.shape, "broadcast_dimensions": (),
-                                                "sharding": None})
+                                                "sharding": None}, source_info=add.source_info, ctx=add.ctx)
     graph._nodes.pop()
     acc = loop.add_carry(init.outputs[0])
-    step = body.add("add_any", [acc.inner, m_body])
+    step = body.add("add_any", [acc.inner, m_body], source_info=add.source_info, ctx=add.ctx)
     acc.set_next(step.outputs[0])
     body.set_output(j, cin)    # the old carry passes through unchanged
     body.remove(add)
@@ -507,13 +460,14 @@ def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) ->
                 ins.append(graph.add_const(consts[v.id].const))   # a constant of an inner body
             else:
                 ins.append(consts[v.id])
-        c = graph.add(n.prim, ins, n.params, source_info=n.source_info)
+        c = graph.add(n.prim, ins, n.params, source_info=n.source_info, ctx=n.ctx)
         graph._nodes.pop()
         after.append(c)
         env.update((o.id, co) for o, co in zip(n.outputs, c.outputs))
     res = node.outputs[j]
     uses = list(res.uses)
-    fin = graph.add("add_any", [node.inputs[loop.num_consts + j], env[rr.id]])   # the carry's start value
+    fin = graph.add("add_any", [node.inputs[loop.num_consts + j], env[rr.id]],   # the carry's start value
+                    source_info=add.source_info, ctx=add.ctx)
     graph._nodes.pop()
     for u, i in uses:
         graph.set_output(i, fin.outputs[0]) if u is OUT else u.set_input(i, fin.outputs[0])

@@ -70,7 +70,8 @@ def outline(graph: Graph, nodes: Iterable[Node], name: str = "outlined", *, clos
     body._nodes = chosen
     graph._nodes = [n for n in graph.nodes if id(n) not in ids]
     body.set_outputs(escaping)
-    call = graph.add(_jax.CALL_PRIMITIVE, operands, {}, regions={"body": body}, source_info=chosen[0].source_info)
+    call = graph.add(_jax.CALL_PRIMITIVE, operands, {}, regions={"body": body}, source_info=chosen[0].source_info,
+                     ctx=chosen[0].ctx)
     graph._nodes.pop()
     graph._nodes.insert(sum(1 for n in order[:pos[id(chosen[0])]] if id(n) not in ids), call)
     for k, uses in enumerate(outer_uses):

@@ -54,6 +54,8 @@ from jax import lax
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop
 from ..ir.identity import is_impure
+from ..ir.separability import varying
+from ..ir.sizes import nbytes
 from . import register, revolve
 
 SCHEDULES = ("keep", "remat", "sqrt", "revolve")
@@ -199,10 +201,6 @@ def _all_float(loop: ScanLoop) -> bool:
     return all(map(inexact, loop.node.inputs + loop.node.outputs))
 
 
-def _bytes(avals) -> int:
-    return sum(math.prod(a.shape) * getattr(a.dtype, "itemsize", 8) for a in avals)   # typed keys have none
-
-
 def _reschedulable(node: Node) -> bool:
     return not reschedulable_why(node)
 
@@ -213,7 +211,7 @@ def reschedulable_why(node: Node) -> str:
     if is_impure(node):
         return ("it has effects or impure primitives (callbacks, refs, prints, rng_uniform): recomputing "
                 "a step would repeat them or draw again")
-    if any(getattr(v.aval, "vma", None) for v in node.inputs + body.inputs):
+    if any(varying(v.aval) for v in node.inputs + body.inputs):   # (re-tracing needs shard_map's axis env)
         return "its values vary across shard_map devices"
     if node.params["length"] <= 1:
         return "a single step"
@@ -221,7 +219,7 @@ def reschedulable_why(node: Node) -> str:
 
 
 def _sds(aval):
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return _jax.spec_of(aval)
 
 
 def _residual_bytes(loop: ScanLoop, remat: bool = False) -> int:
@@ -257,7 +255,7 @@ def _residual_bytes(loop: ScanLoop, remat: bool = False) -> int:
         jax.eval_shape(probe, *[_sds(v.aval) for v in loop.body.inputs])
     except Exception:
         return 0   # cannot differentiate this body (integer-only, unusual primitives): keep it
-    return _bytes(found)
+    return int(sum(map(nbytes, found)))   # residuals are arrays: finite
 
 
 # ---- rewriting -------------------------------------------------------------------------
@@ -340,9 +338,10 @@ def _splice(graph: Graph, node: Node, sub: Graph) -> None:
     for old, new in zip(node.outputs, outs):
         graph.replace_uses(old, new)
     here = os.path.dirname(os.path.abspath(__file__))
-    for n, _ in sub.walk():   # the new loop structure stands where the user wrote the scan
-        if n.location().startswith(here):
-            n.source_info = node.source_info
+    for n, _ in sub.walk():   # the new loop structure stands where the user wrote the scan, in its context
+        loc = n.location()   # '': made by JAX for the pass (jax.checkpoint's remat2), no user frame
+        if not loc or loc.startswith(here):
+            n.source_info, n.ctx = node.source_info, node.ctx
     at = graph._nodes.index(node)
     for i, v in enumerate(node.inputs):
         v.uses.remove((node, i))

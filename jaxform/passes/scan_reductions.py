@@ -321,7 +321,9 @@ class _Lifter:
             outer = v if steps is None else self._spread(v, a, steps)
             if a != 0:   # the scan slices axis 0: move the scan axis there, outside
                 perm = (a, *(i for i in range(v.aval.ndim) if i != a))
-                outer = self.graph.add("transpose", [outer], {"permutation": perm}).outputs[0]
+                scan = self.loop.node
+                outer = self.graph.add("transpose", [outer], {"permutation": perm}, source_info=scan.source_info,
+                                       ctx=scan.ctx).outputs[0]
             self.xs[(v.id, a, steps)] = self.loop.add_xs([outer])[0]
         return self.xs[(v.id, a, steps)]
 
@@ -454,7 +456,8 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
             a = plan.axes[v.id]
             if a != 0:   # stacked on axis 0; the consumers want the scan axis at a
                 perm = tuple(range(1, a + 1)) + (0,) + tuple(range(a + 1, v.aval.ndim))
-                s = graph.add("transpose", [s], {"permutation": perm}).outputs[0]
+                s = graph.add("transpose", [s], {"permutation": perm}, source_info=scan.source_info,
+                              ctx=scan.ctx).outputs[0]
             graph.replace_uses(v, s)
     for n in plan.terms + [n for n, _, _ in plan.picks] + plan.nodes[::-1]:   # consumers first
         if not n.dead and all(not o.uses for o in n.outputs):

@@ -78,7 +78,7 @@ class Ctx:
         """Add `prim(*inputs, **params)`; Python scalars become literals of the first value's dtype."""
         dtype = next((v.aval.dtype for v in inputs if isinstance(v, Value)), None)
         ins = [v if isinstance(v, Value) else self.literal(v, dtype) for v in inputs]
-        node = self.graph.add(prim, ins, params, source_info=self.root.source_info)
+        node = self.graph.add(prim, ins, params, source_info=self.root.source_info, ctx=self.root.ctx)
         self.created.append(node)
         return node.outputs if node.prim.multiple_results else node.outputs[0]
 

@@ -4,6 +4,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxform
@@ -79,3 +80,45 @@ def test_measure_and_to_dict(capsys):
 def test_trace_errors_propagate():
     with pytest.raises(TypeError):
         jaxform.explain(mse, jnp.ones((3, 3)), jnp.ones((2, 4)), jnp.ones((5, 2, 4)), jnp.ones((5, 2, 4)))
+
+
+# ---- stages are the same program by the identity rule, never by printed text ----
+
+def _adder(d):
+    def cb(v):
+        return np.asarray(v + d, np.float32)
+    return cb
+
+
+def _calls(d):
+    return lambda x: jax.pure_callback(_adder(d), jax.ShapeDtypeStruct((3,), jnp.float32), x) * 2.0
+
+
+def test_stages_that_print_alike_are_not_one_program(monkeypatch):
+    """explain keyed its memory cache (and `program.run` its "changed?" test) on the printed
+    jaxpr: two programs calling different callbacks print alike (masked addresses). A pass
+    swapping the callback was not reported, and both stages shared one measurement."""
+    from jaxform.inspect import program
+    x = jnp.ones(3)
+    other = jax.make_jaxpr(_calls(100))(x).jaxpr.eqns[0].params["callback"]
+
+    def swap_callback(graph):
+        for n, _ in graph.walk():
+            if n.name == "pure_callback":
+                n.params["callback"] = other
+        return graph
+
+    before = jax.make_jaxpr(_calls(1))(x)
+    after = program.run(before, [swap_callback])
+    assert str(before) == str(after)                               # JAX prints them alike...
+    assert program.program_key(before) != program.program_key(after)  # ...they are not the same program
+    assert program.program_key(before) == program.program_key(program.run(before, []))
+
+    measured = []
+    monkeypatch.setattr(program, "temp_bytes", lambda c, flat: measured.append(c) or 0)
+    r = jaxform.explain(_calls(1), x, passes=[swap_callback], loop_memory=None)
+    assert [c.pass_name for c in r.changes] == ["swap_callback"]
+    # one measurement per distinct program: the original, and the one calling `other`
+    assert len(measured) == 2
+    ids = {id(c.jaxpr.eqns[0].params["callback"]) for c in measured}
+    assert len(ids) == 2 and id(other) in ids
