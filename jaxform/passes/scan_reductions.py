@@ -24,8 +24,9 @@ per step (a broadcast of something smaller is never materialized).
 Reductions over the scan axis (sum, max, min, prod) end the chain and become
 carries; per-step reductions used outside leave as new, smaller `ys`.
 float16/bfloat16 sums accumulate in float32 as XLA's reductions do (converted
-back once after the loop), and sums over more than 64 steps are compensated
-(Kahan), so a long loss stays as accurate as XLA's reduction of the stack; an accumulator in `shard_map` gets the
+back once after the loop), and sums over more than 64 steps into small accumulators
+(<= 1024 elements) are compensated (Kahan), so a long loss stays as accurate as
+XLA's reduction of the stack; an accumulator in `shard_map` gets the
 device-varying type of what it accumulates.
 
 `defer`: a reduction over the scan axis *and* other axes (the usual scalar
@@ -81,7 +82,12 @@ REDUCTIONS = {
 }
 LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 # Sums over more steps than this are compensated (`_kahan_sum`): a plain running sum's error grows with length.
+# Only accumulators of at most COMPENSATE_UP_TO elements: in a small one (a scalar loss, a [3] buffer) each element
+# carries a long biased sum, whose error reaches the result; a large deferred buffer ([256, 128]) sums few steps per
+# element relative to its size and XLA's final reduction averages the independent errors out (RNN + MSE, L=1000:
+# 9.3e-8 relative off float64 either way), while compensating it cost 1.77x the forward time (measured, CPU).
 COMPENSATE_AFTER = 64
+COMPENSATE_UP_TO = 1024
 
 # backend -> defer accumulation? CPU: measured here, deferred 1.06-3.5x faster than eager (docs/scan_reductions.md).
 # GPU: issue 19's plain-JAX H100 numbers (deferred 1.16x, eager 0.92x of the original); not re-measured by
@@ -429,7 +435,8 @@ def _rewrite(graph: Graph, scan: Node, roots: dict[int, Value], plan: Plan, defe
         init = _add(graph, "broadcast_in_dim", [lit], t, shape=step.aval.shape, broadcast_dimensions=(),
                     sharding=None)
         init = _vary(graph, init, step.aval, t)
-        compensate = t.name == "reduce_sum" and jnp.issubdtype(acc_dtype, jnp.inexact) and loop.length > COMPENSATE_AFTER
+        compensate = (t.name == "reduce_sum" and jnp.issubdtype(acc_dtype, jnp.inexact)
+                      and loop.length > COMPENSATE_AFTER and int(np.prod(step.aval.shape)) <= COMPENSATE_UP_TO)
         final = (_kahan_sum if compensate else _accumulate)(loop, init, step, acc_op, t, p)
         if deferred:
             final = _add(graph, t.prim, [final], t, **{**t.params, "axes": other})
