@@ -26,7 +26,7 @@ def test_flagship_report():
     assert before == jax.jit(mse).lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert after == jax.jit(jaxform.optimize(mse)).lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert before >= 200 * B * H * 4 > 10 * after   # the [L, B, H] intermediates are gone
-    assert "+" in c.diff and "num_carry=2" in c.diff
+    assert "+" in c.diff and "num_carry=3" in c.diff   # h, the accumulator and its compensation (200 steps > 64)
     text = str(r)
     assert "fuse_scan_reductions: equations" in text and "programs.py" in text and "temp memory" in text
 
