@@ -31,12 +31,15 @@ from .outline import outline  # noqa: E402
 from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
+from .residual_stacks import thin_residuals  # noqa: E402
 
 # Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop
-# (the other way round fission would stack cos(xs) and leave fusion nothing); remat_loops
+# (the other way round fission would stack cos(xs) and leave fusion nothing); thin_residuals runs once
+# the loops' bodies are final (it reads which rows a reverse loop already reads); remat_loops
 # (optimize's memory=) plans the loops last, once they hold what they will hold.
-DEFAULT = ["inline", "cse", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission", "dce"]
+DEFAULT = ["inline", "cse", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
+           "thin_residuals", "dce"]
 
 
 def get(p) -> Callable[[Graph], Graph]:
