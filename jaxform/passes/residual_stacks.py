@@ -30,7 +30,7 @@ from ..ir.graph import OUT
 from ..ir.identity import is_impure
 from ..ir.regions import scan_roles
 from . import register
-from .dce import shrink_unused
+from .dce import dce
 
 # Ops worth recomputing instead of stacking: a stacked row costs a write and a read of the whole
 # row; these cost about one pass over it in registers (transcendentals like tanh stay stacked).
@@ -42,30 +42,176 @@ MAX_RECOMPUTE = 8   # nodes per recomputed residual
 
 @register()
 def thin_residuals(graph: Graph) -> Graph:
-    """Drop stacks a reverse-reading consumer can rebuild per step (see module docstring)."""
+    """Drop stacks a consumer loop can rebuild per step (see module docstring)."""
     for node in list(graph.nodes):
         for sub in node.subgraphs():
             thin_residuals(sub)
-    for node in list(graph.nodes):
-        if node.dead or node.name != "scan":
-            continue
-        consumers = {id(u): u for u in _stack_readers(node)}
-        changed = recompute_cheap(node) | shift_carries(node)
-        if changed:
-            for c in consumers.values():
-                shrink_unused(c)
-            shrink_unused(node)
+    scans = lambda: [n for n in graph.nodes if n.name == "scan" and not n.dead]  # noqa: E731
+    changed = False
+    for n in scans():
+        changed |= stack_once(graph, n)
+    for n in scans():
+        changed |= sink_elementwise(n)
+    for n in scans():
+        changed |= read_once(n)
+    for n in scans():
+        changed |= recompute_cheap(n) | shift_carries(n)
+    if changed:
+        dce(graph)
     return graph
 
 
-def _stack_readers(node: Node) -> list[Node]:
-    return [u for o in ScanLoop(node).ys for u in o.users if u.name == "scan"]
+def stack_once(graph: Graph, node: Node) -> bool:
+    """A body value stacked as two ys (JAX stacks an RNN's state for the user and again as a residual): once."""
+    loop, first, changed = ScanLoop(node), {}, False
+    for inner, outer in zip(loop.body_ys, loop.ys):
+        if inner.id in first and outer.uses:
+            graph.replace_uses(outer, first[inner.id])
+            changed = True
+        first.setdefault(inner.id, outer)
+    return changed
+
+
+def read_once(node: Node) -> bool:
+    """A buffer read as two xs of one loop: read once."""
+    loop, first, changed = ScanLoop(node), {}, False
+    for inner, outer in zip(loop.body_xs, loop.xs):
+        if outer.id in first and inner.uses:
+            loop.body.replace_uses(inner, first[outer.id])
+            changed = True
+        first.setdefault(outer.id, inner)
+    return changed
+
+
+def sink_elementwise(node: Node) -> bool:
+    """An xs computed outside by cheap elementwise ops of `[L, ...]` buffers and constants, read only by this
+    loop: compute its rows in the loop from rows of those buffers (the `[L, ...]` result is never built)."""
+    loop, changed = ScanLoop(node), False
+    if _targets_refs(node):
+        return False
+    for inner, outer in zip(loop.body_xs, loop.xs):
+        if not inner.uses or any(u is not node for u, _ in _live_uses(outer)):
+            continue
+        recipe = _batched_recipe(outer, loop.length)
+        if recipe is None:
+            continue
+        row = _replay_rows(loop, recipe, outer)
+        if row is not None:
+            loop.body.replace_uses(inner, row)
+            changed = True
+    return changed
+
+
+def _targets_refs(node: Node) -> bool:
+    return any(t is not None for _, t in node.effects)
+
+
+def _per_row(n: Node, L: int) -> bool:
+    """Does `n` compute row t of its `[L, ...]` result from row t of its `[L, ...]` operands alone?"""
+    if not n.outputs or any(o.aval.shape[:1] != (L,) for o in n.outputs) or is_impure(n) or n.effects or n.regions:
+        return False
+    if n.name == "broadcast_in_dim":
+        return 0 not in n.params["broadcast_dimensions"] and n.params.get("sharding") is None
+    return n.name in CHEAP and all(v.is_literal or v.aval.shape == n.outputs[0].aval.shape for v in n.inputs)
+
+
+def _batched_recipe(x: Value, L: int) -> list[Node] | None:
+    """The per-row nodes computing `x` that nothing else needs (topological order), or None."""
+    nodes: dict[int, Node] = {}
+    todo = [x]
+    while todo:
+        v = todo.pop()
+        n = v.producer
+        if n is None or id(n) in nodes or not _per_row(n, L):
+            continue
+        nodes[id(n)] = n
+        if len(nodes) > MAX_RECOMPUTE:
+            return None
+        todo.extend(n.inputs)
+    changed = True
+    while changed:   # a node whose result is also needed elsewhere stays outside: its buffer exists anyway
+        changed = False
+        for k, n in list(nodes.items()):
+            if n.outputs[0] is not x and any(u is OUT or (id(u) not in nodes and not _dead(u))
+                                             for o in n.outputs for u, _ in o.uses):
+                del nodes[k]
+                changed = True
+    if x.producer is None or id(x.producer) not in nodes:
+        return None
+    return _topological(list(nodes.values()))
+
+
+def _live_uses(v: Value) -> list:
+    """`v.uses` without dead code's (dce runs after this pass)."""
+    return [(u, i) for u, i in v.uses if u is OUT or not (_dead(u) or _unread(u, i))]
+
+
+def _unread(n: Node, i: int) -> bool:
+    """Is operand i of `n` a scan's const or xs that its body no longer reads? (dce drops it later.)"""
+    return n.name == "scan" and i not in range(*scan_roles(n.params)["carry"].indices(len(n.inputs))) \
+        and not n.regions["body"].inputs[i].uses
+
+
+def _dead(n: Node, seen: set[int] | None = None) -> bool:
+    """Is `n` dead code (pure, and all its results unused or used only by dead code)? dce removes it later."""
+    seen = set() if seen is None else seen
+    if id(n) in seen:
+        return True
+    seen.add(id(n))
+    return not n.effects and not is_impure(n) and all(
+        u is not OUT and (_dead(u, seen) or _unread(u, i)) for o in n.outputs for u, i in o.uses)
+
+
+def _topological(nodes: list[Node]) -> list[Node]:
+    ids, done, out = {id(n) for n in nodes}, set(), []
+
+    def visit(n):
+        if id(n) in done:
+            return
+        done.add(id(n))
+        for v in n.inputs:
+            if v.producer is not None and id(v.producer) in ids:
+                visit(v.producer)
+        out.append(n)
+    for n in nodes:
+        visit(n)
+    return out
+
+
+def _replay_rows(loop: ScanLoop, recipe: list[Node], x: Value) -> Value | None:
+    """Rebuild `recipe` per row in `loop`'s body; `[L, ...]` leaves become xs rows, others loop constants."""
+    ids, L = {id(n) for n in recipe}, loop.length
+    new: dict[int, Value] = {}
+
+    def operand(v: Value, n: Node) -> Value:
+        if v.is_literal:
+            return Value(v.aval, literal=v.literal)
+        if v.id not in new:
+            if v.producer is not None and id(v.producer) in ids:
+                raise AssertionError("recipe out of order")
+            if n.name != "broadcast_in_dim" and v.aval.shape[:1] == (L,):
+                new[v.id] = _row_of(loop, v) or loop.add_xs([v])[0]
+            else:
+                new[v.id] = loop.add_consts([v])[0]
+        return new[v.id]
+
+    for n in recipe:
+        params = dict(n.params)
+        if n.name == "broadcast_in_dim":
+            params["shape"] = tuple(params["shape"][1:])
+            params["broadcast_dimensions"] = tuple(d - 1 for d in params["broadcast_dimensions"])
+        m = loop.body.add(n.prim, [operand(v, n) for v in n.inputs], params, source_info=n.source_info, ctx=n.ctx)
+        for o, p in zip(n.outputs, m.outputs):
+            if (p.aval.shape, p.aval.dtype, p.aval.weak_type) != (o.aval.shape[1:], o.aval.dtype, o.aval.weak_type):
+                return None
+            new[o.id] = p
+    return new[x.id]
 
 
 def _xs_reads(stack: Value) -> list[tuple[ScanLoop, Value]] | None:
     """(consumer, its per-step body input) for every use of `stack`, if all are xs of same-length scans."""
     reads = []
-    for user, i in stack.uses:
+    for user, i in _live_uses(stack):
         if user is OUT or user.name != "scan" or user.effects and any(t is not None for _, t in user.effects):
             return None
         roles = scan_roles(user.params)
