@@ -1,29 +1,35 @@
 """Thin residual stacks: what a forward loop stacks for the loop that reads it backwards.
 
 `jax.grad` of a scan is a forward scan that stacks residuals (`ys`) and a
-reverse scan that reads them back (`xs`). For an RNN step `h' = tanh(h @ W + x @ U)`
-JAX stacks three `[L, B, H]` buffers: the carry-in `h` (for `dW`), the carry-out
-`h'` and `1 - h'` (for tanh's derivative). Two of them are redundant:
+reverse scan that reads them back (`xs`). For the README's RNN + MSE,
+`h' = tanh(h @ W + x @ U)`, JAX stacks four `[L, B, H]` buffers: `h'` for the
+loss, `h'` again and `1 - h'` for tanh's derivative, the carry-in `h` for `dW`;
+after the loop it builds `2 (h' - t) / n`, another, for the reverse loop. One is
+enough. Rules, in order, each exact (same primitives on the same values):
 
-- *shifted carry*: row t of the carry-out stack is row t+1 of the carry-in stack,
-  and its last row is the loop's final carry. A consumer running the other way
-  round meets the rows in the order t+1, t, so it keeps the previous row it
-  read in a carry (starting at the final carry) instead of reading a second stack;
-- *cheap recompute*: a residual that is a few elementwise arithmetic ops of
-  other stacked rows and loop constants (`1 - h'`) is recomputed per step by
-  the consumer from the rows it already reads.
+- *one stack per value*: a body value stacked twice is stacked once;
+- *sink elementwise*: an xs built outside a loop by a few cheap elementwise
+  ops of another loop's stacked results, other `[L, ...]` buffers and
+  constants, read by nothing else, is computed row by row inside the loop that
+  reads it (loop to loop only: batching a loop's own inputs is `fission`'s call);
+- *recompute cheap*: a residual that is a few cheap ops of rows its consumers
+  read anyway (`1 - h'`) is recomputed there;
+- *shifted carry*: row t of a carry's carry-out stack is row t+1 of its
+  carry-in stack (its last row: the final carry). A consumer running the other
+  way meets row t+1 just before it needs row t, so it carries it. If the
+  carry-out stack must stay (the loss reads it), the consumers instead read
+  the carry-in rows from it, one step back (`dynamic_slice` at the position
+  before, the initial carry at the first step).
 
-The forward loop's body is not touched: consumers stop reading the stack, and
-`dce.shrink_unused` then drops it from the forward scan. Memory and traffic
-fall by a `[L, ...]` buffer each (RNN under grad: 3 stacks -> 1,
-`benchmarks/loops.py`). The same primitives run on the same values, so results are
-bit-identical op by op (registered exact). Nothing moves across an effect:
-the recomputed ops are pure (`identity.is_impure`), and an effectful consumer
-only gains a carry and reads a different row of an already-computed buffer.
-Works on any program holding such a pair, which in practice means a program
-already differentiated: `optimize(jax.grad(f))`.
+The forward loop's body is not touched; `dce` then drops what nobody reads.
+Nothing moves across an effect: recomputed ops are pure (`identity.is_impure`);
+a consumer that writes Refs is left alone. Works on any program holding such a
+pair, which in practice means a program already differentiated:
+`optimize(jax.grad(f))`. Numbers: `benchmarks/training_memory.py`, `benchmarks/loops.py`.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
@@ -42,7 +48,7 @@ MAX_RECOMPUTE = 8   # nodes per recomputed residual
 
 @register()
 def thin_residuals(graph: Graph) -> Graph:
-    """Drop stacks a consumer loop can rebuild per step (see module docstring)."""
+    """Drop the stacks a consumer loop can rebuild per step (see the module docstring)."""
     for node in list(graph.nodes):
         for sub in node.subgraphs():
             thin_residuals(sub)
@@ -138,6 +144,9 @@ def _batched_recipe(x: Value, L: int) -> list[Node] | None:
                 changed = True
     if x.producer is None or id(x.producer) not in nodes:
         return None
+    leaves = [v for n in nodes.values() for v in n.inputs if v.producer is None or id(v.producer) not in nodes]
+    if not any(_from_loop(v, L) for v in leaves):
+        return None   # loop to loop only: a loop's own batched elementwise input is fission's decision
     return _topological(list(nodes.values()))
 
 
@@ -160,6 +169,14 @@ def _dead(n: Node, seen: set[int] | None = None) -> bool:
     seen.add(id(n))
     return not n.effects and not is_impure(n) and all(
         u is not OUT and (_dead(u, seen) or _unread(u, i)) for o in n.outputs for u, i in o.uses)
+
+
+def _from_loop(v: Value, L: int, depth: int = MAX_RECOMPUTE) -> bool:
+    """Is `v` a loop's stacked result, or per-row work on one?"""
+    n = v.producer
+    if n is None or depth == 0:
+        return False
+    return n.name == "scan" or (_per_row(n, L) and any(_from_loop(u, L, depth - 1) for u in n.inputs))
 
 
 def _topological(nodes: list[Node]) -> list[Node]:
@@ -239,26 +256,43 @@ def _stacked(f: ScanLoop) -> list[tuple[Value, Value]]:
 
 
 def shift_carries(node: Node) -> bool:
-    """Carry-out stacks read by reverse-running consumers: carry the previous carry-in row instead."""
+    """A carry stacked both as it enters and as it leaves each step: consumers read one stack, not two."""
     f, changed = ScanLoop(node), False
     stack_of = {}
     for inner, outer in zip(f.body_ys, f.ys):
         stack_of.setdefault(inner.id, outer)
-    for cin, cout, final in zip(f.body_carry, f.body_carry_out, f.carry_out):
+    for cin, cout, init, final in zip(f.body_carry, f.body_carry_out, f.carry, f.carry_out):
         if cin is cout or cin.id not in stack_of or cout.id not in stack_of:
             continue
-        s_in = stack_of[cin.id]
-        for s_out in [o for i, o in zip(f.body_ys, f.ys) if i is cout and o.uses]:
-            reads = _xs_reads(s_out)
-            if reads is None or any(c.reverse == f.reverse for c, _ in reads) or _kind(final) != _kind(cout):
-                continue
-            for c, row in reads:
+        s_in, s_out = stack_of[cin.id], stack_of[cout.id]
+        reads = _xs_reads(s_out)
+        if reads is not None and all(c.reverse != f.reverse for c, _ in reads) and _kind(final) == _kind(cout):
+            for c, row in reads:   # the consumer meets row t+1 of s_in just before it needs row t of s_out
                 nxt = c.add_carry(final)
-                prev = _row_of(c, s_in) or c.add_xs([s_in])[0]
-                nxt.set_next(prev)
+                nxt.set_next(_row_of(c, s_in) or c.add_xs([s_in])[0])
                 c.body.replace_uses(row, nxt.inner)
             changed = True
+            continue
+        reads = _xs_reads(s_in)   # s_out stays (read after the loop): s_in's rows are s_out's, one step back
+        if reads is not None and _kind(init) == _kind(cin):
+            for c, row in reads:
+                c.body.replace_uses(row, _row_before(c, s_out, init, f.reverse))
+            changed = True
     return changed
+
+
+def _row_before(c: ScanLoop, stack: Value, init: Value, reverse: bool) -> Value:
+    """In consumer `c`'s body at row t: the forward loop's carry entering step t, read from its carry-out
+    `stack` (row t-1, or t+1 for a reverse loop) and `init` at the loop's first step."""
+    i32, body = np.int32, c.body
+    pos = c.position()
+    buf, first = c.add_consts([stack, init])
+    prev = body.add("add" if reverse else "sub", [pos, Graph.literal(1, i32)]).outputs[0]   # clamped at the ends
+    rows = body.add("dynamic_slice", [buf, prev, *[Graph.literal(0, i32) for _ in stack.aval.shape[1:]]],
+                    {"slice_sizes": (1, *stack.aval.shape[1:])}).outputs[0]
+    row = body.add("squeeze", [rows], {"dimensions": (0,)}).outputs[0]
+    at_first = body.add("eq", [pos, Graph.literal(c.length - 1 if reverse else 0, i32)]).outputs[0]
+    return body.add("select_n", [at_first, row, first]).outputs[0]
 
 
 def recompute_cheap(node: Node) -> bool:
