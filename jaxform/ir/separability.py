@@ -36,8 +36,8 @@ from .graph import Graph, Node, Value
 UNARY = frozenset({
     "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
     "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "abs",
-    "sqrt", "rsqrt", "cbrt", "square", "integer_pow", "not", "real", "imag", "conj", "lgamma", "digamma", "erf",
-    "erfc", "erf_inv", "bessel_i0e", "bessel_i1e", "convert_element_type", "reduce_precision", "copy", "copy_p",
+    "sqrt", "rsqrt", "cbrt", "square", "integer_pow", "one_minus_square", "not", "real", "imag", "conj", "lgamma",
+    "digamma", "erf", "erfc", "erf_inv", "bessel_i0e", "bessel_i1e", "convert_element_type", "reduce_precision", "copy", "copy_p",
     "population_count", "clz", "stop_gradient"})
 BINARY = frozenset({
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or", "xor",

@@ -40,8 +40,8 @@ from .dce import dce
 
 # Ops worth recomputing instead of stacking: a stacked row costs a write and a read of the whole
 # row; these cost about one pass over it in registers (transcendentals like tanh stay stacked).
-CHEAP = frozenset({"add", "add_any", "sub", "mul", "neg", "square", "integer_pow", "max", "min", "abs",
-                   "sign", "select_n", "convert_element_type", "eq", "ne", "lt", "le", "gt", "ge",
+CHEAP = frozenset({"add", "add_any", "sub", "mul", "neg", "square", "integer_pow", "one_minus_square", "max",
+                   "min", "abs", "sign", "select_n", "convert_element_type", "eq", "ne", "lt", "le", "gt", "ge",
                    "and", "or", "not"})
 MAX_RECOMPUTE = 8   # nodes per recomputed residual
 
@@ -268,9 +268,7 @@ def shift_carries(node: Node) -> bool:
         reads = _xs_reads(s_out)
         if reads is not None and all(c.reverse != f.reverse for c, _ in reads) and _kind(final) == _kind(cout):
             for c, row in reads:   # the consumer meets row t+1 of s_in just before it needs row t of s_out
-                nxt = c.add_carry(final)
-                nxt.set_next(_row_of(c, s_in) or c.add_xs([s_in])[0])
-                c.body.replace_uses(row, nxt.inner)
+                c.body.replace_uses(row, _carried_row(c, s_in, final))
             changed = True
             continue
         reads = _xs_reads(s_in)   # s_out stays (read after the loop): s_in's rows are s_out's, one step back
@@ -299,27 +297,49 @@ def recompute_cheap(node: Node) -> bool:
     """Residuals that are a few cheap ops of rows every consumer reads anyway: recompute them there."""
     f, changed = ScanLoop(node), False
     consts_outer = {v.id: o for v, o in zip(f.body_consts, f.consts)}
+    made: dict = {}   # (consumer, carry-out) -> its carried row, made once per consumer
     for r, stack in zip(f.body_ys, f.ys):
         reads = _xs_reads(stack) if stack.uses else None
         if reads is None or r.producer is None:
             continue
-        recipe = _recipe(f, r, reads, stack)
+        rows = [_rows(f, c, stack, made) for c, _ in reads]
+        recipe = _recipe(f, r, set.intersection(*(set(rw) for rw in rows)))
         if recipe is None:
             continue
-        for c, row in reads:
-            rows = {inner.id: _row_of(c, outer) for inner, outer in _stacked(f)}
-            c.body.replace_uses(row, _replay(c, recipe, r, {k: v for k, v in rows.items() if v is not None},
-                                             consts_outer))
+        for (c, row), rw in zip(reads, rows):
+            c.body.replace_uses(row, _replay(c, recipe, r, rw, consts_outer))
         changed = True
     return changed
 
 
-def _recipe(f: ScanLoop, r: Value, reads, stack: Value) -> list[Node] | None:
-    """The cheap pure nodes computing `r` from rows all consumers read, constants and literals; or None."""
-    readable = None
-    for c, _ in reads:
-        rows = {inner.id for inner, outer in _stacked(f) if outer is not stack and _row_of(c, outer)}
-        readable = rows if readable is None else readable & rows
+def _rows(f: ScanLoop, c: ScanLoop, stack: Value, made: dict) -> dict:
+    """Forward body value id -> a maker of consumer `c`'s row of it: the rows `c` reads (but `stack`'s),
+    and, for a consumer running the other way, carry-outs whose carry-in is stacked (as a carry, see
+    `shift_carries`; made only if used)."""
+    out = {inner.id: (lambda row=row: row) for inner, outer in _stacked(f)
+           if outer is not stack and (row := _row_of(c, outer)) is not None}
+    if c.reverse != f.reverse:
+        stack_of = dict(zip((v.id for v in f.body_ys), f.ys))
+        for cin, cout, final in zip(f.body_carry, f.body_carry_out, f.carry_out):
+            if cin is not cout and cin.id in stack_of and stack_of[cin.id] is not stack and \
+                    cout.producer is not None and _kind(final) == _kind(cout):
+                def carried(key=(id(c.node), cout.id), s_in=stack_of[cin.id], final=final):
+                    if key not in made:
+                        made[key] = _carried_row(c, s_in, final)
+                    return made[key]
+                out.setdefault(cout.id, carried)
+    return out
+
+
+def _carried_row(c: ScanLoop, s_in: Value, final: Value) -> Value:
+    """Consumer `c` (running the other way) carries the carry-in row it read last: the next carry-out row."""
+    nxt = c.add_carry(final)
+    nxt.set_next(_row_of(c, s_in) or c.add_xs([s_in])[0])
+    return nxt.inner
+
+
+def _recipe(f: ScanLoop, r: Value, readable: set[int]) -> list[Node] | None:
+    """The cheap pure nodes computing `r` from `readable` rows, constants and literals; or None."""
     consts = {v.id for v in f.body_consts} | {v.id for v in f.body.consts}
     nodes: dict[int, Node] = {}
     todo = [r]
@@ -339,9 +359,9 @@ def _recipe(f: ScanLoop, r: Value, reads, stack: Value) -> list[Node] | None:
     return sorted(nodes.values(), key=lambda n: order[id(n)])
 
 
-def _replay(c: ScanLoop, recipe: list[Node], r: Value, rows: dict[int, Value],
+def _replay(c: ScanLoop, recipe: list[Node], r: Value, rows: dict,
             consts_outer: dict[int, Value]) -> Value:
-    """Rebuild `recipe` in consumer `c`'s body from its `rows` (forward body value id -> row); returns `r`."""
+    """Rebuild `recipe` in consumer `c`'s body from `rows` (forward body value id -> maker of its row); returns `r`."""
     new: dict[int, Value] = {}
 
     def operand(v: Value) -> Value:
@@ -354,7 +374,7 @@ def _replay(c: ScanLoop, recipe: list[Node], r: Value, rows: dict[int, Value],
         elif v.id in consts_outer:
             new[v.id] = c.add_consts([consts_outer[v.id]])[0]
         else:
-            new[v.id] = rows[v.id]
+            new[v.id] = rows[v.id]()
         return new[v.id]
 
     for n in recipe:
