@@ -130,7 +130,8 @@ class ScanLoop:
         if self._position is None:
             i32 = np.int32
             c = self.add_carry(Graph.literal(self.length - 1 if self.reverse else 0, i32))
-            nxt = self.body.add("sub" if self.reverse else "add", [c.inner, Graph.literal(1, i32)])
+            nxt = self.body.add("sub" if self.reverse else "add", [c.inner, Graph.literal(1, i32)],
+                                source_info=self.node.source_info, ctx=self.node.ctx)
             c.set_next(nxt.outputs[0])
             self._position = c.inner
         return self._position

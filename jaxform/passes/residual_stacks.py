@@ -23,7 +23,8 @@ enough. Rules, in order, each exact (same primitives on the same values):
 
 The forward loop's body is not touched; `dce` then drops what nobody reads.
 Nothing moves across an effect: recomputed ops are pure (`identity.is_impure`);
-a consumer that writes Refs is left alone. Works on any program holding such a
+effectful consumers are left alone (they keep every input, `dce.shrink_unused`,
+so they would keep the stack anyway). Works on any program holding such a
 pair, which in practice means a program already differentiated:
 `optimize(jax.grad(f))`. Numbers: `benchmarks/training_memory.py`, `benchmarks/loops.py`.
 """
@@ -93,7 +94,7 @@ def sink_elementwise(node: Node) -> bool:
     """An xs computed outside by cheap elementwise ops of `[L, ...]` buffers and constants, read only by this
     loop: compute its rows in the loop from rows of those buffers (the `[L, ...]` result is never built)."""
     loop, changed = ScanLoop(node), False
-    if _targets_refs(node):
+    if node.effects:   # it keeps all its inputs (dce.shrink_unused): the [L, ...] buffer would stay
         return False
     for inner, outer in zip(loop.body_xs, loop.xs):
         if not inner.uses or any(u is not node for u, _ in _live_uses(outer)):
@@ -106,10 +107,6 @@ def sink_elementwise(node: Node) -> bool:
             loop.body.replace_uses(inner, row)
             changed = True
     return changed
-
-
-def _targets_refs(node: Node) -> bool:
-    return any(t is not None for _, t in node.effects)
 
 
 def _per_row(n: Node, L: int) -> bool:
@@ -229,7 +226,9 @@ def _xs_reads(stack: Value) -> list[tuple[ScanLoop, Value]] | None:
     """(consumer, its per-step body input) for every use of `stack`, if all are xs of same-length scans."""
     reads = []
     for user, i in _live_uses(stack):
-        if user is OUT or user.name != "scan" or user.effects and any(t is not None for _, t in user.effects):
+        # An effectful consumer keeps all its inputs (dce.shrink_unused), so it would keep reading the stack:
+        # rewriting it would only add a carry and recomputation.
+        if user is OUT or user.name != "scan" or user.effects:
             return None
         roles = scan_roles(user.params)
         if not (roles["xs"].start <= i < len(user.inputs)) or user.params["length"] != stack.aval.shape[0]:
@@ -283,14 +282,17 @@ def _row_before(c: ScanLoop, stack: Value, init: Value, reverse: bool) -> Value:
     """In consumer `c`'s body at row t: the forward loop's carry entering step t, read from its carry-out
     `stack` (row t-1, or t+1 for a reverse loop) and `init` at the loop's first step."""
     i32, body = np.int32, c.body
+    where = {"source_info": c.node.source_info, "ctx": c.node.ctx}   # the consumer's line and equation context
+
+    def add(prim, ins, params=None):
+        return body.add(prim, ins, params, **where).outputs[0]
     pos = c.position()
     buf, first = c.add_consts([stack, init])
-    prev = body.add("add" if reverse else "sub", [pos, Graph.literal(1, i32)]).outputs[0]   # clamped at the ends
-    rows = body.add("dynamic_slice", [buf, prev, *[Graph.literal(0, i32) for _ in stack.aval.shape[1:]]],
-                    {"slice_sizes": (1, *stack.aval.shape[1:])}).outputs[0]
-    row = body.add("squeeze", [rows], {"dimensions": (0,)}).outputs[0]
-    at_first = body.add("eq", [pos, Graph.literal(c.length - 1 if reverse else 0, i32)]).outputs[0]
-    return body.add("select_n", [at_first, row, first]).outputs[0]
+    prev = add("add" if reverse else "sub", [pos, Graph.literal(1, i32)])   # dynamic_slice clamps at the ends
+    rows = add("dynamic_slice", [buf, prev, *[Graph.literal(0, i32) for _ in stack.aval.shape[1:]]],
+               {"slice_sizes": (1, *stack.aval.shape[1:])})
+    at_first = add("eq", [pos, Graph.literal(c.length - 1 if reverse else 0, i32)])
+    return add("select_n", [at_first, add("squeeze", [rows], {"dimensions": (0,)}), first])
 
 
 def recompute_cheap(node: Node) -> bool:
