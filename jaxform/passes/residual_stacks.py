@@ -127,9 +127,11 @@ def recompute_cheap(node: Node) -> bool:
         if recipe is None:
             continue
         for c, row in reads:
-            rows = {inner.id: _row_of(c, outer) for inner, outer in _stacked(f)}
-            c.body.replace_uses(row, _replay(c, recipe, r, {k: v for k, v in rows.items() if v is not None},
-                                             consts_outer))
+            rows: dict[int, Value] = {}
+            for inner, outer in _stacked(f):   # a value stacked twice: the copy this consumer reads
+                if (got := _row_of(c, outer)) is not None:
+                    rows.setdefault(inner.id, got)
+            c.body.replace_uses(row, _replay(c, recipe, r, rows, consts_outer))
         changed = True
     return changed
 
