@@ -18,8 +18,8 @@ The forward loop's body is not touched: consumers stop reading the stack, and
 fall by a `[L, ...]` buffer each (RNN under grad: 3 stacks -> 1,
 `benchmarks/loops.py`). The same primitives run on the same values, so results are
 bit-identical op by op (registered exact). Nothing moves across an effect:
-the recomputed ops are pure (`identity.is_impure`), and an effectful consumer
-only gains a carry and reads a different row of an already-computed buffer.
+the recomputed ops are pure (`identity.is_impure`), and effectful consumers are
+left alone (they keep every input, so they would keep the stack anyway).
 Works on any program holding such a pair, which in practice means a program
 already differentiated: `optimize(jax.grad(f))`.
 """
@@ -66,7 +66,9 @@ def _xs_reads(stack: Value) -> list[tuple[ScanLoop, Value]] | None:
     """(consumer, its per-step body input) for every use of `stack`, if all are xs of same-length scans."""
     reads = []
     for user, i in stack.uses:
-        if user is OUT or user.name != "scan" or user.effects and any(t is not None for _, t in user.effects):
+        # An effectful consumer keeps all its inputs (dce.shrink_unused), so it would keep reading the stack:
+        # rewriting it would only add a carry and recomputation.
+        if user is OUT or user.name != "scan" or user.effects:
             return None
         roles = scan_roles(user.params)
         if not (roles["xs"].start <= i < len(user.inputs)) or user.params["length"] != stack.aval.shape[0]:
