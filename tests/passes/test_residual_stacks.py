@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,7 @@ class Case:
     g: Callable            # the differentiated program (what the user passes to optimize)
     args: tuple
     fires: bool            # must thin_residuals drop stacked bytes?
-    vmap: Any = "stack"    # "stack": vmap over [a, 0.5 a] of every arg; a tuple: in_axes; None: skip
+    vmap: bool = True      # also compare under vmap over [a, 0.5 a] of every argument
     x64: bool = False
 
 
@@ -71,6 +72,22 @@ def stacks(closed) -> list[tuple[tuple, str]]:
         for e in jaxpr.eqns:
             if e.primitive.name == "scan":
                 out.extend((tuple(o.aval.shape), str(o.aval.dtype)) for o in e.outvars[e.params["num_carry"]:])
+            for sub in _sub_jaxprs(e.params):
+                walk(sub)
+    walk(closed.jaxpr)
+    return out
+
+
+def scan_shapes(closed) -> list[tuple[bool, int, int, int]]:
+    """(reverse, num_carry, number of xs, body equations) of every scan: did a pass touch the loops at all?"""
+    out = []
+
+    def walk(jaxpr):
+        for e in jaxpr.eqns:
+            if e.primitive.name == "scan":
+                p = e.params
+                out.append((p["reverse"], p["num_carry"], len(e.invars) - p["num_consts"] - p["num_carry"],
+                            len(p["jaxpr"].jaxpr.eqns)))
             for sub in _sub_jaxprs(e.params):
                 walk(sub)
     walk(closed.jaxpr)
@@ -379,7 +396,7 @@ def per_example_grads():
         h, _ = lax.scan(step, jnp.zeros(H), xs)
         return jnp.sum((h - t) ** 2)
     g = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))
-    return Case(g, (_r(120, H, H, scale=0.5), _r(121, B, L, H), _r(122, B, H)), fires=True, vmap=(0, 1, 1))
+    return Case(g, (_r(120, H, H, scale=0.5), _r(121, B, L, H), _r(122, B, H)), fires=True)
 
 
 def rnn_training_loop():
@@ -407,7 +424,7 @@ def debug_callback_rnn():
             return h, None
         h, _ = lax.scan(step, jnp.zeros((B, H)), xs)
         return jnp.sum(h ** 2)
-    case = Case(jax.grad(loss), (_r(140, H, H, scale=0.5), _r(141, L, B, H)), fires=True, vmap=None)
+    case = Case(jax.grad(loss), (_r(140, H, H, scale=0.5), _r(141, L, B, H)), fires=True, vmap=False)
     case.seen = seen
     return case
 
@@ -523,11 +540,11 @@ def hb_ref_consumer():
             return g, None
         g, _ = lax.scan(step, hT, (h_in, h_out), reverse=True)
         return g + acc[...]
-    return Case(f, _hb_args(), fires=False, vmap=None)
+    return Case(f, _hb_args(), fires=False, vmap=False)
 
 
 def hb_io_callback_consumer():
-    """An ordered io_callback in the consumer: it fires (the consumer only gains a carry), same callbacks."""
+    """Must not fire: an effectful consumer (ordered io_callback) keeps every input, so it is left alone."""
     seen = []
 
     def f(W, h0, xs):
@@ -540,7 +557,7 @@ def hb_io_callback_consumer():
             return g, None
         g, _ = lax.scan(step, hT, rows, reverse=True)
         return g
-    case = Case(f, _hb_args(), fires=True, vmap=None)
+    case = Case(f, _hb_args(), fires=False, vmap=False)
     case.seen = seen
     return case
 
@@ -577,3 +594,136 @@ PROGRAMS = {f.__name__: f for f in [
     value_and_grad_rnn, per_example_grads, rnn_training_loop, debug_callback_rnn, sin_cell, exp_decay_cell,
     hb_reverse_consumer, hb_same_direction, hb_carry_out_returned, hb_carry_out_read_outside, hb_other_length,
     hb_stack_as_const, hb_ref_consumer, hb_io_callback_consumer, hb_expensive_residual, hb_value_stacked_twice]}
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+@functools.cache
+def _case(name) -> Case:
+    """Built once per session, so the jitted original and the optimized wrappers are compiled once."""
+    case = PROGRAMS[name]()
+    case.jit = jax.jit(case.g)
+    case.thin = _opt(case.g)
+    case.jit_thin = jax.jit(case.thin)
+    return case
+
+
+def _build(name):
+    case = _case(name)
+    return case, (_x64() if case.x64 else contextlib.nullcontext())
+
+
+HEAVY = {"dynamax_lgssm_filter", "ckf_kalman"}   # linalg in the body: seconds per compile on CPU
+
+
+# vmap and the default pipeline in the fast tier for a representative set (every carry shape, dtype,
+# direction, nesting); all programs under slow
+FAST = {"rnn_tanh", "lstm_equinox", "gru_flax", "s4_scan_ssm", "multi_carry", "rnn_reverse_scan",
+             "rnn_float64", "weak_scalar_carry", "per_example_grads", "rnn_training_loop", "hb_reverse_consumer",
+             "hb_value_stacked_twice"}
+
+
+def _params(names, fast=None):
+    return [n if (n not in HEAVY if fast is None else n in fast) else pytest.param(n, marks=pytest.mark.slow)
+            for n in names]
+
+
+def test_at_least_20_programs_and_both_outcomes():
+    fire = [n for n in PROGRAMS if _case(n).fires]
+    assert len(PROGRAMS) >= 20 and len(fire) >= 15 and len(PROGRAMS) - len(fire) >= 8
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_same_values_under_jit(name):
+    """jit(original) vs jit(thinned): values, dtypes, weak types, output structure."""
+    case, ctx = _build(name)
+    with ctx:
+        _close_typed(case.jit(*case.args), case.jit_thin(*case.args), f"{name} under jit")
+        assert jax.eval_shape(case.g, *case.args) == jax.eval_shape(case.thin, *case.args)
+
+
+@pytest.mark.parametrize("name", ["rnn_tanh", "lstm_equinox", "rnn_float64", "weak_scalar_carry",
+                                  "hb_reverse_consumer", "hb_value_stacked_twice"])
+def test_same_values_eagerly(name):
+    case, ctx = _build(name)
+    with ctx:
+        _close_typed(case.g(*case.args), case.thin(*case.args), f"{name} eagerly")
+
+
+@pytest.mark.parametrize("name", _params([n for n in PROGRAMS if _case(n).vmap], FAST))
+def test_same_under_vmap(name):
+    case, ctx = _build(name)
+    with ctx:
+        args = _batch(case.args)
+        v = lambda g: jax.jit(jax.vmap(g))(*args)
+        _close_typed(v(case.g), v(case.thin), f"{name} under vmap")
+
+
+@pytest.mark.parametrize("name", _params(PROGRAMS, FAST | {"debug_callback_rnn", "hb_io_callback_consumer"}))
+def test_default_pipeline(name):
+    case, ctx = _build(name)
+    with ctx:
+        _close_typed(case.jit(*case.args), jax.jit(jaxform.optimize(case.g))(*case.args),
+                     f"{name} default pipeline")
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_fires_exactly_where_it_should(name):
+    """The stacked bytes fall where the pass should fire and stay put (same stacks) where it must not."""
+    case, ctx = _build(name)
+    with ctx:
+        base = jax.make_jaxpr(_opt(case.g, ["dce"]))(*case.args)
+        thin = jax.make_jaxpr(case.thin)(*case.args)
+    if case.fires:
+        assert stacked_bytes(thin) < stacked_bytes(base), (stacks(base), stacks(thin))
+        if hasattr(case, "left"):
+            assert len(stacks(thin)) == case.left, stacks(thin)
+    else:   # nothing dropped, and no loop gained a carry, an input or work for nothing
+        assert sorted(stacks(thin)) == sorted(stacks(base))
+        assert scan_shapes(thin) == scan_shapes(base)
+
+
+def test_rnn_three_stacks_to_one():
+    """The motivating case, exactly: tanh RNN under grad stacks [L, B, H] three times, once after."""
+    case = _case("rnn_tanh")
+    before = stacks(jax.make_jaxpr(case.g)(*case.args))
+    after = stacks(jax.make_jaxpr(case.thin)(*case.args))
+    assert before == [((L, B, H), "float32")] * 3 and after == [((L, B, H), "float32")]
+
+
+def test_expensive_residual_stays_stacked():
+    """exp(h') is not in CHEAP: after the pass its stack is still produced and read by the reverse loop."""
+    case = hb_expensive_residual()
+    thin = jax.make_jaxpr(_opt(case.g))(*case.args)
+    fwd = next(e for e in thin.jaxpr.eqns if e.primitive.name == "scan" and not e.params["reverse"])
+    body = fwd.params["jaxpr"].jaxpr
+    ys = body.outvars[fwd.params["num_carry"]:]
+    assert any(e.primitive.name == "exp" and e.outvars[0] in ys for e in body.eqns)
+
+
+def test_compiled_temp_memory_drops():
+    """XLA's own accounting agrees: the thinned RNN gradient needs less temporary memory."""
+    loss, _ = _rnn_loss(jnp.tanh)
+    args = (_r(1, 64, 64, scale=0.1), _r(2, 8, 64), _r(3, 128, 16, 8), _r(4, 16, 64, scale=0.1))
+    g = jax.grad(loss, argnums=(0, 1))
+    mem = lambda f: jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    a, b = mem(g), mem(_opt(g))
+    stack = 128 * 16 * 64 * 4
+    assert b <= a - stack, (a, b)
+
+
+@pytest.mark.parametrize("name", ["debug_callback_rnn", "hb_io_callback_consumer"])
+def test_callback_sequence_unchanged(name):
+    """The callbacks run the same number of times with the same values, eagerly and under jit."""
+    case = PROGRAMS[name]()     # fresh: its own list of calls
+    runs = {}
+    for label, fn in [("orig", case.g), ("thin", _opt(case.g))]:
+        for mode, call in [("eager", fn), ("jit", jax.jit(fn))]:
+            case.seen.clear()
+            jax.block_until_ready(call(*case.args))
+            jax.effects_barrier()
+            runs[label, mode] = list(case.seen)
+    assert len(runs["orig", "eager"]) == L
+    for mode in ("eager", "jit"):
+        np.testing.assert_allclose(runs["thin", mode], runs["orig", mode], rtol=1e-6)
+        assert len(runs["thin", mode]) == len(runs["orig", mode])
