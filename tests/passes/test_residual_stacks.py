@@ -154,10 +154,12 @@ def rnn_relu():
 
 
 def rnn_sigmoid():
-    """JAX stacks the carry-in and s' = h'(1 - h') but not the carry-out h' itself: s' is cheap in h', which
-    no consumer reads as a row, so nothing fires."""
+    """JAX stacks the carry-in and s' = h'(1 - h') but not the carry-out h' itself: the reverse loop carries
+    h' (the carry-in row it read last) and recomputes s' from it: 2 stacks -> 1."""
     loss, args = _rnn_loss(jax.nn.sigmoid)
-    return Case(jax.grad(loss, argnums=(0, 1)), args, fires=False)
+    case = Case(jax.grad(loss, argnums=(0, 1)), args, fires=True)
+    case.left = 1
+    return case
 
 
 # patrick-kidger/equinox equinox/nn/_rnn.py (GRUCell.__call__: reset/input gates, new = tanh(...),
@@ -301,8 +303,9 @@ def ckf_kalman():
         _, (ms, cs) = lax.scan(step, (jnp.zeros(H), jnp.eye(H)), data)
         return jnp.sum(ms ** 2) + jnp.sum(jnp.tanh(cs))
     args = (jnp.eye(H) * 0.8 + _r(80, H, H, scale=0.05), jnp.eye(H) * 0.3, _r(81, L, H))
-    # Must not fire: the carry-out stacks (ms, cs) are also read by the loss outside any loop
-    return Case(jax.grad(loss, argnums=(0, 1)), args, fires=False)
+    # The carry-out stacks (ms, cs) stay (the loss reads them after the loop); the carry-in stacks go:
+    # the reverse loop reads carry-in rows from them one step back
+    return Case(jax.grad(loss, argnums=(0, 1)), args, fires=True)
 
 
 def multi_carry():
@@ -479,30 +482,37 @@ def hb_reverse_consumer():
 
 
 def hb_same_direction():
-    """Must not fire: the consumer runs forward like the producer (row t of h' is row t+1 of h, read later)."""
+    """The consumer runs forward like the producer, so it cannot carry h' (row t+1 of h, read later); it
+    reads row t of h from h' one step back instead: 2 stacks -> 1."""
     def f(W, h0, xs):
         hT, (h_in, h_out, _) = _fwd(W, h0, xs)
         g, _ = lax.scan(lambda g, r: (jnp.tanh(g @ W) + r[0] * r[1], None), hT, (h_in, h_out))
         return g
-    return Case(f, _hb_args(), fires=False)
+    case = Case(f, _hb_args(), fires=True)
+    case.left = 1
+    return case
 
 
 def hb_carry_out_returned():
-    """Must not fire: the carry-out stack is also returned to the user."""
+    """The carry-out stack is also returned to the user, so it stays; the carry-in rows come from it."""
     def f(W, h0, xs):
         hT, (h_in, h_out, _) = _fwd(W, h0, xs)
         g, _ = lax.scan(lambda g, r: (g @ W.T + r[0] * r[1], None), hT, (h_in, h_out), reverse=True)
         return g, h_out
-    return Case(f, _hb_args(), fires=False)
+    case = Case(f, _hb_args(), fires=True)
+    case.left = 1
+    return case
 
 
 def hb_carry_out_read_outside():
-    """Must not fire: non-loop code reads the carry-out stack after the loops."""
+    """Non-loop code reads the carry-out stack after the loops: it stays, the carry-in stack goes."""
     def f(W, h0, xs):
         hT, (h_in, h_out, _) = _fwd(W, h0, xs)
         g, _ = lax.scan(lambda g, r: (g @ W.T + r[0] * r[1], None), hT, (h_in, h_out), reverse=True)
         return g + jnp.sum(h_out, axis=0)
-    return Case(f, _hb_args(), fires=False)
+    case = Case(f, _hb_args(), fires=True)
+    case.left = 1
+    return case
 
 
 def hb_other_length():
@@ -583,7 +593,7 @@ def hb_value_stacked_twice():
         g, _ = lax.scan(lambda g, row: (g @ W.T * row[1] + row[0], None), hT, (a, r), reverse=True)
         return g, b
     case = Case(f, _hb_args(), fires=True)
-    case.left = 2          # both copies of h; 1 - h^2 is recomputed from the first
+    case.left = 1          # one copy of h (read for both); 1 - h^2 is recomputed from it
     return case
 
 
