@@ -22,6 +22,14 @@ x64 ones) also go through the user API: `jaxform.optimize(fn)` against
 `jax.jit(fn)`, with and without x64 on the same wrapper (its cache must key
 on the config), comparing values, dtypes and weak types.
 
+Grad programs (`Program.grad`: what `optimize(jax.grad(f))` sees, a forward
+scan stacking residuals and a reverse scan reading them) go through the same
+checks; their derivatives are second order, forward over reverse (reverse over
+reverse costs about twice the compile time, and JAX 0.10 fails it on some
+programs whose first order is fine). A pass that only acts on what another made
+runs after it too on grad programs (PAIRS: hoist_loop_invariants then
+sum_then_pull_back), counted as "<pair>:last_changed" when the last pass changed something.
+
 Tolerances follow the lowest precision in the program: float32 1e-5, float16
 1e-2, bfloat16 5e-2 (a reassociating pass must still stay close: an f16 sum
 that saturates at 2048 instead of ~5000 fails).
