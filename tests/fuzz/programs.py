@@ -522,7 +522,7 @@ class _Gen:
             self.features.add("rnn:sigmoid")
         # A checkpointed body with a loop-invariant residual (W @ W.T): under grad, JAX recomputes it and
         # pulls its cotangent back at every step (hoist_loop_invariants + sum_then_pull_back's target).
-        ckpt = self.grad_mode and variant in ("plain", "batched") and self.pick(2) == 0
+        ckpt = self.grad_mode and variant in ("plain", "batched") and self.pick(3) == 0
         if ckpt:
             self.features.add("rnn:checkpoint_gram")
             self.in_remat += 1
@@ -830,8 +830,11 @@ def programs(draw, max_stmts: int = 6) -> Program:
     lines = []
     if tree:
         lines += ["    x1 = t['a']"] + [f"    x{i} = t['b'][{i - 2}]" for i in range(2, n_args)]
+    must = []   # returned whatever else is: in a grad program, the RNN's loss (else its scan pair is dead)
     if draw(st.integers(0, 3 if grad else 1)) <= (2 if grad else 0):
-        env += g.rnn(env, lines, "    ", 0)
+        made = g.rnn(env, lines, "    ", 0)
+        env += made
+        must = [made[0].name] if grad else []
     if draw(st.integers(0, 3)) == 0:  # a weak-typed value (a constant, or a loop carry started from a literal)
         g.features.add("weak_type")
         w = g.fresh()
@@ -841,7 +844,8 @@ def programs(draw, max_stmts: int = 6) -> Program:
     env = g.block(env, lines, "    ", 0, 1, max_stmts)
     fl = [v for v in env if v.kind in "fic"]
     last = fl[-1]
-    extra = sorted({fl[draw(st.integers(0, len(fl) - 1))].name for _ in range(draw(st.integers(0, 2)))})
+    extra = sorted({fl[draw(st.integers(0, len(fl) - 1))].name for _ in range(draw(st.integers(0, 2)))}
+                   | ({*must} - {last.name}))
     args = [v.name for v in env[:n_args]] if not tree else ["x0", "t"]
     args += [f"w{i}" for i in range(len(g.extra))]
     head = f"def f({', '.join(args)}):"
