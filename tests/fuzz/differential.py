@@ -22,6 +22,14 @@ x64 ones) also go through the user API: `jaxform.optimize(fn)` against
 `jax.jit(fn)`, with and without x64 on the same wrapper (its cache must key
 on the config), comparing values, dtypes and weak types.
 
+Grad programs (`Program.grad`: what `optimize(jax.grad(f))` sees, a forward
+scan stacking residuals and a reverse scan reading them) go through the same
+checks; their derivatives are second order, forward over reverse (reverse over
+reverse costs about twice the compile time, and JAX 0.10 fails it on some
+programs whose first order is fine). A pass that only acts on what another made
+runs after it too on grad programs (PAIRS: hoist_loop_invariants then
+sum_then_pull_back), counted as "<pair>:last_changed" when the last pass changed something.
+
 Tolerances follow the lowest precision in the program: float32 1e-5, float16
 1e-2, bfloat16 5e-2 (a reassociating pass must still stay close: an f16 sum
 that saturates at 2048 instead of ~5000 fails).
@@ -57,10 +65,20 @@ class Mismatch(AssertionError):
         self.kind, self.who = kind, list(who)
 
 
-def pipelines() -> dict[str, list[str]]:
-    """Every registered pass alone, and the default pipeline (read now: passes are added over time)."""
+# Passes that only act on what an earlier pass made (on grad programs): each runs after it too, and
+# "<pair>:last_changed" counts the programs where the last pass changed the earlier one's output.
+# sum_then_pull_back needs the loop-invariant residual JAX recomputes per step under checkpoint to be
+# a loop constant first (alone it changes no grad program of a checkpointed RNN).
+PAIRS = {"hoist_loop_invariants>sum_then_pull_back": ["hoist_loop_invariants", "sum_then_pull_back"]}
+
+
+def pipelines(grad: bool = True) -> dict[str, list[str]]:
+    """Every registered pass alone, the default pipeline (read now: passes are added over time), and,
+    for grad programs (`grad`), the PAIRS."""
     out = {name: [name] for name in sorted(passes.PASSES)}
     out["DEFAULT"] = list(passes.DEFAULT)
+    if grad:
+        out.update((k, list(v)) for k, v in PAIRS.items() if all(p in passes.PASSES for p in v))
     return out
 
 
@@ -127,8 +145,7 @@ def _close(a, b, kind, who, what, tol):
             raise Mismatch(kind, who, str(e)) from None
 
 
-def _weights(shape) -> jax.Array:
-    return jnp.cos(jnp.arange(int(np.prod(shape)), dtype=jnp.float32) + 0.5).reshape(shape)
+_weights = _programs.weights
 
 
 def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True, jit: bool = True):
@@ -250,7 +267,7 @@ def check(prog, names: dict[str, list[str]] | None = None, api: bool | None = No
     """
     with jax.enable_x64(prog.x64), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # jax.debug.print output is compared, not shown
-        return _check(prog, pipelines() if names is None else names,
+        return _check(prog, pipelines(bool(prog.grad)) if names is None else names,
                       prog.x64 if api is None else api, collect)
 
 
@@ -263,7 +280,19 @@ def _check(prog, names, api, collect):
     tol = _tol(prog)
     args = prog.args()
     leaves = jax.tree_util.tree_leaves(args)
-    closed = jax.make_jaxpr(prog.fn)(*args)
+    try:
+        closed = jax.make_jaxpr(prog.fn)(*args)
+    except Exception:
+        if not prog.grad:
+            raise
+        STATS["rejected:jax_cannot_grad_original"] += 1   # JAX cannot differentiate f: not a pass bug
+        import hypothesis
+        hypothesis.reject()
+    # The derivatives of a grad program are second order: forward over reverse (Hessian-vector products),
+    # the cheap one; reverse over reverse costs ~2x the compile time and JAX 0.10 fails it on some
+    # first-order-fine programs (a Ref written in a scan: "DynamicJaxprTracer has no attribute accum").
+    diff = dict(reverse=False, forward=prog.forward_diff) if prog.grad else \
+        dict(reverse=prog.reverse_diff, forward=prog.forward_diff)
     _programs.CALLS.clear()
     want_types = [(a.dtype, a.weak_type) for a in closed.out_avals]
     outs = {}
@@ -291,20 +320,24 @@ def _check(prog, names, api, collect):
         if name != "ROUNDTRIP" and k != same:
             versions.setdefault(k, (out, []))[1].append(name)
     changed = [n for _, who in versions.values() for n in who]
+    for name in set(PAIRS) & set(outs):
+        if PAIRS[name][0] in outs and _key(outs[name]) != _key(outs[PAIRS[name][0]]):
+            STATS[f"{name}:last_changed"] += 1
+            for f in prog.features:
+                STATS[f"{f}|{name}:last_changed"] += 1
     if versions:
         try:
-            want, *got = probe([closed] + [out for out, _ in versions.values()], leaves, prog.reverse_diff,
-                               prog.forward_diff, prog.vmap)
+            want, *got = probe([closed] + [out for out, _ in versions.values()], leaves, vmap=prog.vmap, **diff)
         except Exception:
             try:   # JAX itself cannot transform the original (e.g. grad of a Ref in a scan): not a pass bug
-                probe([closed], leaves, prog.reverse_diff, prog.forward_diff, prog.vmap)
+                probe([closed], leaves, vmap=prog.vmap, **diff)
             except Exception:
                 STATS["rejected:jax_cannot_transform_original"] += 1
                 import hypothesis
                 hypothesis.reject()
             raise
         eager_original = functools.cache(   # only on a mismatch, once however many versions mismatch
-            lambda: probe([closed], leaves, prog.reverse_diff, prog.forward_diff, prog.vmap, jit=False)[0])
+            lambda: probe([closed], leaves, vmap=prog.vmap, jit=False, **diff)[0])
         for g, (_, who) in zip(got, versions.values()):
             try:
                 _close(want, g, "values", who, "values, derivatives, vmap (jit)", tol)

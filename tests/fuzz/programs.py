@@ -83,6 +83,25 @@ def make_cvjp(k: float):
 NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "io_callback": io_callback, "make_cb": make_cb,
              "make_dbg": make_dbg, "make_cjvp": make_cjvp, "make_cvjp": make_cvjp}
 
+def weights(shape) -> jax.Array:
+    """A fixed, non-uniform, well-conditioned weighting of an output (see differential.probe)."""
+    return jnp.cos(jnp.arange(int(np.prod(shape)), dtype=jnp.float32) + 0.5).reshape(shape)
+
+
+def functional(outs) -> jax.Array:
+    """sum(o * weights(o.shape)) over the real floating leaves of `outs` (float32): a linear loss."""
+    return sum((jnp.sum(jnp.asarray(o).astype(jnp.float32) * weights(jnp.shape(o)))
+                for o in jax.tree_util.tree_leaves(outs) if jnp.issubdtype(jnp.result_type(o), jnp.floating)),
+               jnp.float32(0.0))
+
+
+def grad_program(f, mode: str, nargs: int):
+    """The program a user differentiates then optimizes: `optimize(jax.grad(f))`. mode 'grad' or
+    'value_and_grad' of `functional(f(...))` w.r.t. every argument (all float32)."""
+    loss = lambda *a: functional(f(*a))   # noqa: E731
+    return getattr(jax, mode)(loss, argnums=tuple(range(nargs)))
+
+
 SHAPES = [(3,), (2, 3), (), (3, 3), (2,), (3, 2)]
 MAX_DEPTH = 3
 
@@ -100,12 +119,17 @@ class Program:
     x64: bool = False           # traced and run under jax.enable_x64(True)
     extra: tuple = ()
     features: frozenset = frozenset()
+    grad: str = ""              # "grad"/"value_and_grad": the program under test is grad_program(f)
+
+    @property
+    def nargs(self) -> int:
+        return (2 if self.tree else len(self.shapes)) + len(self.extra)
 
     @property
     def fn(self):
         ns = dict(NAMESPACE)
         exec(compile(self.source, "<fuzz program>", "exec"), ns)
-        return ns["f"]
+        return grad_program(ns["f"], self.grad, self.nargs) if self.grad else ns["f"]
 
     def args(self, seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -121,7 +145,8 @@ class Program:
         return any(f.startswith(("callback", "debug_print")) for f in self.features)
 
     def __str__(self):
-        flags = "".join(f" {k}={v}" for k, v in (("extra", self.extra), ("x64", self.x64)) if v)
+        flags = "".join(f" {k}={v}" for k, v in (("extra", self.extra), ("x64", self.x64), ("grad", self.grad))
+                        if v)
         return f"{self.source}\n# shapes={self.shapes} tree={self.tree}{flags}"
 
 
@@ -152,9 +177,10 @@ GATHER_IDX = ["[2, 0]", "[1, 1, 0]", "[0]"]
 
 
 class _Gen:
-    def __init__(self, draw, x64: bool = False):
+    def __init__(self, draw, x64: bool = False, grad_mode: bool = False):
         self.draw, self.n, self.reverse_diff, self.forward_diff, self.vmap = draw, 0, True, True, True
         self.x64 = x64
+        self.grad_mode = grad_mode  # the program will be differentiated: no while loops, more RNN shapes
         self.in_remat = 0  # inside jax.checkpoint: no Refs/effects (JAX's remat partial eval fails on them)
         self.in_vmap = 0   # inside a vmapped function: no ordered effects, no Refs
         self.exprs: list[tuple[str, V, int]] = []  # (expression, its variable, depth), for dup
@@ -208,7 +234,7 @@ class _Gen:
         if depth > 0:  # callbacks and custom rules in loop and branch bodies, not only at top level
             kinds += [self.callback, self.custom]
         if depth < MAX_DEPTH:
-            kinds += [self.scan, self.fori, self.cond, self.while_,
+            kinds += [self.scan, self.fori, self.cond, self.fori if self.grad_mode else self.while_,
                       self.fori if self.in_remat or self.in_vmap else self.ref_loop, self.switch]
         return kinds[self.pick(len(kinds))](env, lines, ind, depth)
 
@@ -489,7 +515,17 @@ class _Gen:
             lines.append(f"{ind}{U} = {self.arg((D, H))}{cast}")
             self.features.add("rnn:x@U")
         acts = ["jnp.tanh({})", "jax.nn.relu({})", "jnp.sin({})", "CJ({})"]
+        if self.grad_mode:   # stacked carries under grad: tanh and sigmoid keep 1 - h' style residuals
+            acts += ["jnp.tanh({})", "jax.nn.sigmoid({})"]
         act = acts[self.pick(len(acts))]
+        if "sigmoid" in act:
+            self.features.add("rnn:sigmoid")
+        # A checkpointed body with a loop-invariant residual (W @ W.T): under grad, JAX recomputes it and
+        # pulls its cotangent back at every step (hoist_loop_invariants + sum_then_pull_back's target).
+        ckpt = self.grad_mode and variant in ("plain", "batched") and self.pick(3) == 0
+        if ckpt:
+            self.features.add("rnn:checkpoint_gram")
+            self.in_remat += 1
         if act.startswith("CJ"):
             cj = self.fresh("cj")
             lines.append(f"{ind}{cj} = make_cjvp({[1.0, 2.0][self.pick(2)]})")
@@ -508,8 +544,12 @@ class _Gen:
             V_ = self.fresh("V")
             lines.append(f"{ind}{V_} = {self.arg((H, O))}{cast}")
         bi = ind + "    "
+        if ckpt:
+            lines.append(f"{ind}@jax.checkpoint")
         lines.append(f"{ind}def {body}({h}, {x if has_x else '_'}):")
         pre = f"{h} @ {W}"
+        if ckpt:
+            pre = [f"{h} @ ({W} @ {W}.T)", f"{h} @ (2.0 * ({W}.T @ {W}) - 0.5 * {W})"][self.pick(2)]
         if U is not None:
             pre += f" + {x} @ {U}"
         if has_x and self.pick(2):
@@ -537,6 +577,7 @@ class _Gen:
             lines.append(f"{bi}{ref}[...] += jnp.sum({h}).astype(jnp.float32)")
         y = f"{h} @ {V_}" if proj_in_body else h
         lines.append(f"{bi}return {h}, {y}")
+        self.in_remat -= ckpt
         yshape_step = hshape[:-1] + ((O,) if proj_in_body else (H,))
         out_h, ys = self.fresh("hT"), self.fresh("ys")
         loss = self.fresh("loss")
@@ -739,7 +780,7 @@ class _Gen:
         r = V(self.fresh("r"), shape, "r")
         lines.append(f"{ind}{r.name} = jax.new_ref(jnp.zeros({shape}, jnp.float32))")
         name, i = self.fresh("body"), V(self.fresh("i"), (), "i")
-        loop = self.pick(3)
+        loop = self.pick(2 if self.grad_mode else 3)   # no while_loop in a program to differentiate
         if loop == 2:
             self.reverse_diff = False
         head = [f"def {name}({i.name}, acc):", f"def {name}(acc, {i.name}):", f"def {name}(s):"][loop]
@@ -773,9 +814,15 @@ def programs(draw, max_stmts: int = 6) -> Program:
     """A random program: 1-3 arguments (maybe a pytree), 1-max_stmts statements, pytree results.
 
     About half start with `rnn` (scan-then-reduce, issues 17/19); one in eight runs under enable_x64.
+    About 35% are *grad programs* (`Program.grad`): the program under test is `jax.grad` (or
+    `value_and_grad`) of a fixed linear functional of f's outputs, i.e. what `optimize(jax.grad(f))`
+    sees: forward scans stacking residuals and reverse scans reading them. Those are generated
+    without while loops (JAX cannot reverse-differentiate them), start with `rnn` three times in four,
+    and their RNNs also get sigmoid steps and checkpointed bodies with a loop-invariant W @ W.T.
     """
     x64 = draw(st.integers(0, 7)) == 7
-    g = _Gen(draw, x64)
+    grad = draw(st.integers(0, 19)) >= 13
+    g = _Gen(draw, x64, grad)
     n_args = draw(st.integers(1, 3))
     shapes = tuple(SHAPES[draw(st.integers(0, len(SHAPES) - 1))] for _ in range(n_args))
     tree = n_args >= 2 and draw(st.booleans())
@@ -783,8 +830,11 @@ def programs(draw, max_stmts: int = 6) -> Program:
     lines = []
     if tree:
         lines += ["    x1 = t['a']"] + [f"    x{i} = t['b'][{i - 2}]" for i in range(2, n_args)]
-    if draw(st.integers(0, 1)) == 0:
-        env += g.rnn(env, lines, "    ", 0)
+    must = []   # returned whatever else is: in a grad program, the RNN's loss (else its scan pair is dead)
+    if draw(st.integers(0, 3 if grad else 1)) <= (2 if grad else 0):
+        made = g.rnn(env, lines, "    ", 0)
+        env += made
+        must = [made[0].name] if grad else []
     if draw(st.integers(0, 3)) == 0:  # a weak-typed value (a constant, or a loop carry started from a literal)
         g.features.add("weak_type")
         w = g.fresh()
@@ -794,7 +844,8 @@ def programs(draw, max_stmts: int = 6) -> Program:
     env = g.block(env, lines, "    ", 0, 1, max_stmts)
     fl = [v for v in env if v.kind in "fic"]
     last = fl[-1]
-    extra = sorted({fl[draw(st.integers(0, len(fl) - 1))].name for _ in range(draw(st.integers(0, 2)))})
+    extra = sorted({fl[draw(st.integers(0, len(fl) - 1))].name for _ in range(draw(st.integers(0, 2)))}
+                   | ({*must} - {last.name}))
     args = [v.name for v in env[:n_args]] if not tree else ["x0", "t"]
     args += [f"w{i}" for i in range(len(g.extra))]
     head = f"def f({', '.join(args)}):"
@@ -804,5 +855,10 @@ def programs(draw, max_stmts: int = 6) -> Program:
         lines.append(f"    return {last.name}")
     if x64:
         g.features.add("x64")
+    mode = ""
+    outs = [last] + [v for v in env if v.name in extra]
+    if grad and g.reverse_diff and any(v.kind == "f" for v in outs):  # else it has nothing to differentiate
+        mode = ["grad", "value_and_grad"][draw(st.integers(0, 1))]
+        g.features |= {"grad_program", f"grad_program:{mode}"}
     return Program("\n".join([head] + lines) + "\n", shapes, tree, g.reverse_diff, g.forward_diff, g.vmap, x64,
-                   tuple(g.extra), frozenset(g.features))
+                   tuple(g.extra), frozenset(g.features), mode)

@@ -27,7 +27,11 @@ def table(total: collections.Counter, names) -> list[str]:
     """Per pipeline: programs changed; per construct: programs containing it and changed by each pipeline."""
     n = total["programs"]
     names = sorted(names)
-    lines = [f"  {name:<24} changed {total[f'{name}:changed']:>5} / {n}" for name in names]
+    w = max([24] + [len(name) for name in names])
+    lines = [f"  {name:<{w}} changed {total[f'{name}:changed']:>5} / {n}" for name in names]
+    lines += [f"  {k.split(':')[0]:<{w}} its last pass changed the first's output in {v:>5} / "
+              f"{total['has:grad_program']} grad programs" for k, v in sorted(total.items())
+              if k.endswith(":last_changed") and "|" not in k]
     feats = sorted(k[4:] for k in total if k.startswith("has:"))
     if feats:
         short = [nm.replace("hoist_loop_invariants", "licm").replace("fuse_scan_reductions", "fusion")

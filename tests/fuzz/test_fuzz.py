@@ -7,6 +7,12 @@ losses, and cost about 6x more CPU each: 80 keep CI within ~1.5x of the old 320)
 report.py), printed at the end of the session; one chunk in four also checks
 every program through the optimize() API. For a campaign that counts every
 mismatch instead of stopping at the first, see campaign.py.
+
+About a third are grad programs (`optimize(jax.grad(f))`, programs.py); the tests
+below fail if the generator stops making them or they stop reaching the passes
+made for them (thin_residuals, sum_then_pull_back). A grad program costs about 4x
+a forward one (second-order derivatives, a forward and a reverse scan): 48
+programs (was 80) keep CI near its old CPU time.
 """
 from __future__ import annotations
 
@@ -17,9 +23,9 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from fuzz import report
 from fuzz.differential import STATS, check, pipelines
-from fuzz.programs import programs
+from fuzz.programs import Program, programs
 
-EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "80"))
+EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "48"))
 CHUNKS = 8
 
 
@@ -32,10 +38,74 @@ def test_passes_on_random_programs(chunk):
               phases=[Phase.generate, Phase.target, Phase.shrink], suppress_health_check=list(HealthCheck))
     @given(programs())
     def run(prog):
+        made["grad"] += bool(prog.grad)
         check(prog, api=True if chunk % 4 == 0 else None)
 
+    made = {"grad": 0}
     run()
     mine = STATS.copy()
     mine.subtract(before)
     report.record(chunk, mine, sorted(pipelines()))
     assert mine["programs"] > 0
+    assert not made["grad"] or mine["has:grad_program"] > 0, "every grad program was rejected, none checked"
+
+
+def test_generator_makes_grad_programs():
+    """About 35% of programs are grad programs, RNN-shaped ones among them (generation only: cheap)."""
+    made = []
+
+    @seed(7)
+    @settings(max_examples=80, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(programs())
+    def run(prog):
+        made.append(prog)
+
+    run()
+    grad = [p for p in made if p.grad]
+    # Hypothesis draws the extremes of a range more often than uniform: 52 of 80 at seed 7 (35% by design).
+    assert 0.1 * len(made) <= len(grad) <= 0.9 * len(made), (len(grad), len(made))
+    assert {p.grad for p in grad} == {"grad", "value_and_grad"}
+    assert all(p.reverse_diff and "grad_program" in p.features for p in grad)
+    assert any("rnn:checkpoint_gram" in p.features for p in grad)
+    assert any("rnn" in p.features and "rnn:checkpoint_gram" not in p.features for p in grad)
+    assert not any("grad_program" in p.features for p in made if not p.grad)
+
+
+# Fixed grad programs of the generator's RNN form, with the pass each must reach.
+GRAD_RNN = Program('''def f(x0, w0, w1, w2):
+    W1 = w0
+    h2 = x0
+    U3 = w1
+    def body4(h5, x6):
+        h5 = jnp.tanh(h5 @ W1 + x6 @ U3)
+        return h5, h5
+    X7 = w2
+    hT8, ys9 = lax.scan(body4, h2, X7)
+    loss10 = jnp.sum(jnp.sin(ys9) * 2.0)
+    return loss10
+''', ((3,),), extra=((3, 3), (2, 3), (4, 2)), grad="grad", features=frozenset({"grad_program", "rnn"}))
+GRAD_CKPT = Program('''def f(x0, w0, w1):
+    W1 = w0
+    h2 = x0
+    @jax.checkpoint
+    def body3(h4, x5):
+        h4 = jax.nn.sigmoid(h4 @ (W1 @ W1.T))
+        return h4, h4
+    X6 = w1
+    hT7, ys8 = lax.scan(body3, h2, X6)
+    loss9 = jnp.sum(jnp.sin(ys8) * 2.0)
+    return loss9
+''', ((3,),), extra=((3, 3), (4, 2)), grad="value_and_grad", features=frozenset({"grad_program", "rnn"}))
+
+
+@pytest.mark.parametrize("prog,expect", [(GRAD_RNN, "thin_residuals"),
+                                         (GRAD_CKPT, "hoist_loop_invariants>sum_then_pull_back")],
+                         ids=["thin_residuals", "sum_then_pull_back"])
+def test_grad_programs_reach_their_passes(prog, expect):
+    """The program under test is the gradient (a forward + reverse scan pair), and the pass fires on it."""
+    before = STATS.copy()
+    assert expect in check(prog)
+    assert STATS["grad_program|DEFAULT:changed"] > before["grad_program|DEFAULT:changed"]
+    if ">" in expect:   # the last pass of the pair itself changed the first one's output
+        assert STATS[f"{expect}:last_changed"] > before[f"{expect}:last_changed"]
