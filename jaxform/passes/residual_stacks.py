@@ -36,6 +36,7 @@ from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
 from ..ir.identity import is_impure
 from ..ir.regions import scan_roles
+from ..ir.toposort import producers_first
 from . import register
 from .dce import dce
 
@@ -144,7 +145,7 @@ def _batched_recipe(x: Value, L: int) -> list[Node] | None:
     leaves = [v for n in nodes.values() for v in n.inputs if v.producer is None or id(v.producer) not in nodes]
     if not any(_from_loop(v, L) for v in leaves):
         return None   # loop to loop only: a loop's own batched elementwise input is fission's decision
-    return _topological(list(nodes.values()))
+    return producers_first(nodes.values())
 
 
 def _live_uses(v: Value) -> list:
@@ -174,22 +175,6 @@ def _from_loop(v: Value, L: int, depth: int = MAX_RECOMPUTE) -> bool:
     if n is None or depth == 0:
         return False
     return n.name == "scan" or (_per_row(n, L) and any(_from_loop(u, L, depth - 1) for u in n.inputs))
-
-
-def _topological(nodes: list[Node]) -> list[Node]:
-    ids, done, out = {id(n) for n in nodes}, set(), []
-
-    def visit(n):
-        if id(n) in done:
-            return
-        done.add(id(n))
-        for v in n.inputs:
-            if v.producer is not None and id(v.producer) in ids:
-                visit(v.producer)
-        out.append(n)
-    for n in nodes:
-        visit(n)
-    return out
 
 
 def _replay_rows(loop: ScanLoop, recipe: list[Node], x: Value) -> Value | None:
@@ -357,8 +342,7 @@ def _recipe(f: ScanLoop, r: Value, readable: set[int]) -> list[Node] | None:
             if len(nodes) > MAX_RECOMPUTE:
                 return None
             todo.extend(n.inputs)
-    order = {id(n): i for i, n in enumerate(f.body.nodes)}
-    return sorted(nodes.values(), key=lambda n: order[id(n)])
+    return producers_first(nodes.values())
 
 
 def _replay(c: ScanLoop, recipe: list[Node], r: Value, rows: dict,
