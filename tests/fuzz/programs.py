@@ -83,6 +83,7 @@ def make_cvjp(k: float):
 NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "io_callback": io_callback, "make_cb": make_cb,
              "make_dbg": make_dbg, "make_cjvp": make_cjvp, "make_cvjp": make_cvjp}
 
+
 def weights(shape) -> jax.Array:
     """A fixed, non-uniform, well-conditioned weighting of an output (see differential.probe)."""
     return jnp.cos(jnp.arange(int(np.prod(shape)), dtype=jnp.float32) + 0.5).reshape(shape)
