@@ -24,6 +24,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import jaxform
+from jaxform.ir import Graph, ScanLoop
 
 L, B, F, H = 6, 3, 2, 4
 KEY = jax.random.PRNGKey(7)
@@ -51,47 +52,32 @@ class Case:
     fires: bool            # must thin_residuals drop stacked bytes?
     vmap: bool = True      # also compare under vmap over [a, 0.5 a] of every argument
     x64: bool = False
+    fires_on_lean_jax: bool | None = None   # where JAX stacks less (LEAN_JAX), if that differs from `fires`
+
+    def expect_fire(self) -> bool:
+        return self.fires if not LEAN_JAX or self.fires_on_lean_jax is None else self.fires_on_lean_jax
+
+
+# JAX 0.12's AD stacks one residual per tanh (`one_minus_square(h')`, not h' and 1 - h'), so in some
+# programs it already leaves nothing to thin: those cases say so with `fires_on_lean_jax`.
+LEAN_JAX = "one_minus_square" in str(jax.make_jaxpr(jax.grad(jnp.tanh))(1.0))
 
 
 # ---- the stacks: bytes of every scan's ys, nested scans included ---------------------------
 
-def _sub_jaxprs(params):
-    for v in params.values():
-        for w in (v if isinstance(v, (tuple, list)) else (v,)):
-            if hasattr(w, "jaxpr") and hasattr(w, "consts"):
-                yield w.jaxpr
-            elif hasattr(w, "eqns"):
-                yield w
+def _scans(closed) -> list[ScanLoop]:
+    """Every scan in `closed`, bodies included, through jaxform's canonical view (any JAX version's params)."""
+    return [ScanLoop(n) for n, _ in Graph.from_jaxpr(closed.jaxpr, closed.consts).walk() if n.name == "scan"]
 
 
 def stacks(closed) -> list[tuple[tuple, str]]:
     """(shape, dtype) of every stacked output of every scan in `closed`, walking into bodies."""
-    out = []
-
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            if e.primitive.name == "scan":
-                out.extend((tuple(o.aval.shape), str(o.aval.dtype)) for o in e.outvars[e.params["num_carry"]:])
-            for sub in _sub_jaxprs(e.params):
-                walk(sub)
-    walk(closed.jaxpr)
-    return out
+    return [(tuple(o.aval.shape), str(o.aval.dtype)) for loop in _scans(closed) for o in loop.ys]
 
 
 def scan_shapes(closed) -> list[tuple[bool, int, int, int]]:
     """(reverse, num_carry, number of xs, body equations) of every scan: did a pass touch the loops at all?"""
-    out = []
-
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            if e.primitive.name == "scan":
-                p = e.params
-                out.append((p["reverse"], p["num_carry"], len(e.invars) - p["num_consts"] - p["num_carry"],
-                            len(p["jaxpr"].jaxpr.eqns)))
-            for sub in _sub_jaxprs(e.params):
-                walk(sub)
-    walk(closed.jaxpr)
-    return out
+    return [(loop.reverse, loop.num_carry, len(loop.xs), len(loop.body.nodes)) for loop in _scans(closed)]
 
 
 def stacked_bytes(closed) -> int:
@@ -337,8 +323,10 @@ def nested_scan():
             return jnp.tanh(h @ W.T), None
         h, _ = lax.scan(outer, jnp.zeros((B, H)), xs)
         return jnp.sum(h ** 2)
+    # Lean JAX: the outer loop stacks one_minus_square of its carry-out but not its carry-in (the inner
+    # loops stack theirs inside), so no rule applies
     return Case(jax.grad(loss, argnums=(0, 1)), (_r(100, H, H, scale=0.4), _r(101, F, H), _r(102, L, 2, B, F)),
-                fires=True)
+                fires=True, fires_on_lean_jax=False)
 
 
 def rnn_checkpoint_body():
@@ -371,7 +359,8 @@ def weak_scalar_carry():
             return (jnp.tanh(s * h @ W + x), s * 0.9), None
         (h, s), _ = lax.scan(step, (jnp.zeros((B, H)), 1.0), xs)
         return jnp.sum(h ** 2) * s
-    return Case(jax.grad(loss), (_r(110, H, H, scale=0.5), _r(111, L, B, H)), fires=True)
+    # Lean JAX stacks s, s * h and one_minus_square(h'): nothing cheap of a stacked row is left
+    return Case(jax.grad(loss), (_r(110, H, H, scale=0.5), _r(111, L, B, H)), fires=True, fires_on_lean_jax=False)
 
 
 def rnn_unroll2():
@@ -382,7 +371,8 @@ def rnn_unroll2():
 def grad_subset():
     """Gradient w.r.t. U only: no dW, so the carry-in stack is not needed by the reverse loop."""
     loss, args = _rnn_loss(jnp.tanh)
-    return Case(jax.grad(loss, argnums=1), args, fires=True)
+    # lean JAX stacks only one_minus_square(h') here: nothing to thin
+    return Case(jax.grad(loss, argnums=1), args, fires=True, fires_on_lean_jax=False)
 
 
 def value_and_grad_rnn():
@@ -684,7 +674,7 @@ def test_fires_exactly_where_it_should(name):
     with ctx:
         base = jax.make_jaxpr(_opt(case.g, ["dce"]))(*case.args)
         thin = jax.make_jaxpr(case.thin)(*case.args)
-    if case.fires:
+    if case.expect_fire():
         assert stacked_bytes(thin) < stacked_bytes(base), (stacks(base), stacks(thin))
         if hasattr(case, "left"):
             assert len(stacks(thin)) == case.left, stacks(thin)
@@ -694,21 +684,20 @@ def test_fires_exactly_where_it_should(name):
 
 
 def test_rnn_three_stacks_to_one():
-    """The motivating case, exactly: tanh RNN under grad stacks [L, B, H] three times, once after."""
+    """The motivating case, exactly: tanh RNN under grad stacks [L, B, H] three times (lean JAX: twice),
+    once after."""
     case = _case("rnn_tanh")
     before = stacks(jax.make_jaxpr(case.g)(*case.args))
     after = stacks(jax.make_jaxpr(case.thin)(*case.args))
-    assert before == [((L, B, H), "float32")] * 3 and after == [((L, B, H), "float32")]
+    assert before == [((L, B, H), "float32")] * (2 if LEAN_JAX else 3) and after == [((L, B, H), "float32")]
 
 
 def test_expensive_residual_stays_stacked():
     """exp(h') is not in CHEAP: after the pass its stack is still produced and read by the reverse loop."""
     case = hb_expensive_residual()
     thin = jax.make_jaxpr(_opt(case.g))(*case.args)
-    fwd = next(e for e in thin.jaxpr.eqns if e.primitive.name == "scan" and not e.params["reverse"])
-    body = fwd.params["jaxpr"].jaxpr
-    ys = body.outvars[fwd.params["num_carry"]:]
-    assert any(e.primitive.name == "exp" and e.outvars[0] in ys for e in body.eqns)
+    fwd = next(loop for loop in _scans(thin) if not loop.reverse)
+    assert any(v.producer is not None and v.producer.name == "exp" for v in fwd.body_ys)
 
 
 def test_compiled_temp_memory_drops():
@@ -719,7 +708,7 @@ def test_compiled_temp_memory_drops():
     mem = lambda f: jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
     a, b = mem(g), mem(_opt(g))
     stack = 128 * 16 * 64 * 4
-    assert b <= a - stack, (a, b)
+    assert b <= a - 0.9 * stack, (a, b)   # JAX 0.12: 98.9% of a stack (the consumer gains a [B, H] carry)
 
 
 @pytest.mark.parametrize("name", ["debug_callback_rnn", "hb_io_callback_consumer"])
