@@ -179,32 +179,44 @@ def _from_loop(v: Value, L: int, depth: int = MAX_RECOMPUTE) -> bool:
 
 def _replay_rows(loop: ScanLoop, recipe: list[Node], x: Value) -> Value | None:
     """Rebuild `recipe` per row in `loop`'s body; `[L, ...]` leaves become xs rows, others loop constants."""
-    ids, L = {id(n) for n in recipe}, loop.length
-    new: dict[int, Value] = {}
+    def leaf(v: Value, n: Node) -> Value:
+        if n.name != "broadcast_in_dim" and v.aval.shape[:1] == (loop.length,):
+            return _row_of(loop, v) or loop.add_xs([v])[0]
+        return loop.add_consts([v])[0]
+    return _rebuild(loop, recipe, x, leaf, per_row=True)
 
-    def operand(v: Value, n: Node) -> Value:
-        if v.is_literal:
-            return Value(v.aval, literal=v.literal)
-        if v.id not in new:
-            if v.producer is not None and id(v.producer) in ids:
-                raise AssertionError("recipe out of order")
-            if n.name != "broadcast_in_dim" and v.aval.shape[:1] == (L,):
-                new[v.id] = _row_of(loop, v) or loop.add_xs([v])[0]
-            else:
-                new[v.id] = loop.add_consts([v])[0]
-        return new[v.id]
 
+def _rebuild(loop: ScanLoop, recipe: list[Node], x: Value, leaf, per_row: bool) -> Value | None:
+    """Add `recipe`'s nodes (producers first) to `loop`'s body, with their line and equation context;
+    `leaf(v, node)` gives the body's value for an operand the recipe does not compute. Returns the body's
+    `x`, or None where a rebuilt node's type differs from the original's (its row's, if `per_row`)."""
+    ids, new = {id(n) for n in recipe}, {}
     for n in recipe:
-        params = dict(n.params)
-        if n.name == "broadcast_in_dim":
-            params["shape"] = tuple(params["shape"][1:])
-            params["broadcast_dimensions"] = tuple(d - 1 for d in params["broadcast_dimensions"])
-        m = loop.body.add(n.prim, [operand(v, n) for v in n.inputs], params, source_info=n.source_info, ctx=n.ctx)
+        ins = []
+        for v in n.inputs:
+            if v.is_literal:
+                ins.append(Value(v.aval, literal=v.literal))
+                continue
+            if v.id not in new:
+                assert v.producer is None or id(v.producer) not in ids, "recipe out of order"
+                new[v.id] = leaf(v, n)
+            ins.append(new[v.id])
+        m = loop.body.add(n.prim, ins, _row_params(n) if per_row else n.params, source_info=n.source_info,
+                          ctx=n.ctx)
         for o, p in zip(n.outputs, m.outputs):
-            if (p.aval.shape, p.aval.dtype, p.aval.weak_type) != (o.aval.shape[1:], o.aval.dtype, o.aval.weak_type):
+            if _kind(p) != ((o.aval.shape[1:] if per_row else o.aval.shape), o.aval.dtype, o.aval.weak_type):
                 return None
             new[o.id] = p
     return new[x.id]
+
+
+def _row_params(n: Node) -> dict:
+    """`n`'s params for one row of its `[L, ...]` result (only broadcast_in_dim names its shape)."""
+    params = dict(n.params)
+    if n.name == "broadcast_in_dim":
+        params["shape"] = tuple(params["shape"][1:])
+        params["broadcast_dimensions"] = tuple(d - 1 for d in params["broadcast_dimensions"])
+    return params
 
 
 def _xs_reads(stack: Value) -> list[tuple[ScanLoop, Value]] | None:
@@ -239,12 +251,18 @@ def _stacked(f: ScanLoop) -> list[tuple[Value, Value]]:
     return list(zip(f.body_ys, f.ys)) + list(zip(f.body_xs, f.xs))
 
 
+def _stack_of(f: ScanLoop) -> dict[int, Value]:
+    """Forward body value id -> its stack: the first, the one `stack_once` left the readers on."""
+    out: dict[int, Value] = {}
+    for inner, outer in zip(f.body_ys, f.ys):
+        out.setdefault(inner.id, outer)
+    return out
+
+
 def shift_carries(node: Node) -> bool:
     """A carry stacked both as it enters and as it leaves each step: consumers read one stack, not two."""
     f, changed = ScanLoop(node), False
-    stack_of = {}
-    for inner, outer in zip(f.body_ys, f.ys):
-        stack_of.setdefault(inner.id, outer)
+    stack_of = _stack_of(f)
     for cin, cout, init, final in zip(f.body_carry, f.body_carry_out, f.carry, f.carry_out):
         if cin is cout or cin.id not in stack_of or cout.id not in stack_of:
             continue
@@ -285,28 +303,29 @@ def recompute_cheap(node: Node) -> bool:
     f, changed = ScanLoop(node), False
     consts_outer = {v.id: o for v, o in zip(f.body_consts, f.consts)}
     made: dict = {}   # (consumer, carry-out) -> its carried row, made once per consumer
+    stack_of = _stack_of(f)
     for r, stack in zip(f.body_ys, f.ys):
         reads = _xs_reads(stack) if stack.uses else None
         if reads is None or r.producer is None:
             continue
-        rows = [_rows(f, c, stack, made) for c, _ in reads]
+        rows = [_rows(f, c, stack, stack_of, made) for c, _ in reads]
         recipe = _recipe(f, r, set.intersection(*(set(rw) for rw in rows)))
         if recipe is None:
             continue
         for (c, row), rw in zip(reads, rows):
-            c.body.replace_uses(row, _replay(c, recipe, r, rw, consts_outer))
-        changed = True
+            if (got := _replay(c, recipe, r, rw, consts_outer)) is not None:
+                c.body.replace_uses(row, got)
+                changed = True
     return changed
 
 
-def _rows(f: ScanLoop, c: ScanLoop, stack: Value, made: dict) -> dict:
+def _rows(f: ScanLoop, c: ScanLoop, stack: Value, stack_of: dict[int, Value], made: dict) -> dict:
     """Forward body value id -> a maker of consumer `c`'s row of it: the rows `c` reads (but `stack`'s),
     and, for a consumer running the other way, carry-outs whose carry-in is stacked (as a carry, see
     `shift_carries`; made only if used)."""
     out = {inner.id: (lambda row=row: row) for inner, outer in _stacked(f)
            if outer is not stack and (row := _row_of(c, outer)) is not None}
     if c.reverse != f.reverse:
-        stack_of = dict(zip((v.id for v in f.body_ys), f.ys))
         for cin, cout, final in zip(f.body_carry, f.body_carry_out, f.carry_out):
             if cin is not cout and cin.id in stack_of and stack_of[cin.id] is not stack and \
                     cout.producer is not None and _kind(final) == _kind(cout):
@@ -346,25 +365,12 @@ def _recipe(f: ScanLoop, r: Value, readable: set[int]) -> list[Node] | None:
 
 
 def _replay(c: ScanLoop, recipe: list[Node], r: Value, rows: dict,
-            consts_outer: dict[int, Value]) -> Value:
-    """Rebuild `recipe` in consumer `c`'s body from `rows` (forward body value id -> maker of its row); returns `r`."""
-    new: dict[int, Value] = {}
-
-    def operand(v: Value) -> Value:
-        if v.id in new:
-            return new[v.id]
-        if v.is_literal:
-            return Value(v.aval, literal=v.literal)
+            consts_outer: dict[int, Value]) -> Value | None:
+    """Rebuild `recipe` in consumer `c`'s body from `rows` (forward body value id -> maker of its row)."""
+    def leaf(v: Value, n: Node) -> Value:
         if v.is_const:
-            new[v.id] = c.body.add_const(v.const)
-        elif v.id in consts_outer:
-            new[v.id] = c.add_consts([consts_outer[v.id]])[0]
-        else:
-            new[v.id] = rows[v.id]()
-        return new[v.id]
-
-    for n in recipe:
-        m = c.body.add(n.prim, [operand(v) for v in n.inputs], n.params, out_avals=[o.aval for o in n.outputs],
-                       source_info=n.source_info, ctx=n.ctx)
-        new.update((o.id, p) for o, p in zip(n.outputs, m.outputs))
-    return new[r.id]
+            return c.body.add_const(v.const)
+        if v.id in consts_outer:
+            return c.add_consts([consts_outer[v.id]])[0]
+        return rows[v.id]()
+    return _rebuild(c, recipe, r, leaf, per_row=False)
