@@ -422,6 +422,42 @@ def debug_callback_rnn():
     return case
 
 
+@jax.custom_jvp
+def _half_grad_tanh(x):
+    return jnp.tanh(x)
+
+
+@_half_grad_tanh.defjvp
+def _half_grad_tanh_jvp(primals, tangents):
+    y = jnp.tanh(primals[0])
+    return y, 0.5 * (1 - y ** 2) * tangents[0]   # the residual is cheap in y, the carry-out: it thins
+
+
+def rnn_custom_jvp():
+    """A custom_jvp activation whose rule is not tanh's derivative (half of it): the thinned gradient must
+    keep the user's rule, not JAX's own."""
+    def loss(W, xs):
+        h, _ = lax.scan(lambda h, x: (_half_grad_tanh(h @ W + x), None), jnp.zeros((B, H)), xs)
+        return jnp.sum(h ** 2)
+    return Case(jax.grad(loss), (_r(145, H, H, scale=0.5), _r(146, L, B, H)), fires=True)
+
+
+def rnn_dropout():
+    """Dropout drawn per step from a threefry key (fold_in of the step): the random draws are pure
+    functions of their keys; the thinned gradient must see the same masks."""
+    def loss(W, key, xs):
+        def step(h, tx):
+            t, x = tx
+            keep = jax.random.bernoulli(jax.random.fold_in(key, t), 0.8, h.shape)
+            return jnp.where(keep, jnp.tanh(h @ W + x), 0.0) / 0.8, None
+        h, _ = lax.scan(step, jnp.zeros((B, H)), (jnp.arange(L), xs))
+        return jnp.sum(h ** 2)
+    # Lean JAX stacks one_minus_square(tanh(pre)), the mask and h: the carry-out is the masked value, so the
+    # tanh residual is not cheap in any stacked row
+    return Case(jax.grad(loss), (_r(147, H, H, scale=0.5), jax.random.PRNGKey(3), _r(148, L, B, H)),
+                fires=True, fires_on_lean_jax=False, vmap=False)
+
+
 # must not fire: sin's derivative cos(pre) is stacked (not cheap), and no carry-out is stacked
 def sin_cell():
     def loss(W, xs):
@@ -591,7 +627,7 @@ PROGRAMS = {f.__name__: f for f in [
     rnn_tanh, rnn_relu, rnn_sigmoid, gru_equinox, gru_flax, lstm_equinox, lstm_flax_seq, elman_projection,
     s4_scan_ssm, dynamax_lgssm_filter, ckf_kalman, multi_carry, rnn_reverse_scan, nested_scan,
     rnn_checkpoint_body, rnn_float64, rnn_bfloat16, rnn_float16, weak_scalar_carry, rnn_unroll2, grad_subset,
-    value_and_grad_rnn, per_example_grads, rnn_training_loop, debug_callback_rnn, sin_cell, exp_decay_cell,
+    value_and_grad_rnn, per_example_grads, rnn_training_loop, debug_callback_rnn, rnn_custom_jvp, rnn_dropout, sin_cell, exp_decay_cell,
     hb_reverse_consumer, hb_same_direction, hb_carry_out_returned, hb_carry_out_read_outside, hb_other_length,
     hb_stack_as_const, hb_ref_consumer, hb_io_callback_consumer, hb_expensive_residual, hb_value_stacked_twice]}
 
@@ -709,6 +745,27 @@ def test_compiled_temp_memory_drops():
     a, b = mem(g), mem(_opt(g))
     stack = 128 * 16 * 64 * 4
     assert b <= a - 0.9 * stack, (a, b)   # JAX 0.12: 98.9% of a stack (the consumer gains a [B, H] carry)
+
+
+def test_impure_draw_is_never_replayed():
+    """An `rng_uniform` draw (XLA's hidden RNG state: impure) stacked for a reverse loop stays one draw in
+    the forward loop; the cheap residual computed from it (`2 u`) is rebuilt from u's row, never by
+    drawing again."""
+    def f(W, h0, xs):
+        def step(h, x):
+            u = lax.rng_uniform(jnp.float32(0), jnp.float32(1), h.shape)
+            hn = jnp.tanh(h @ W + x) * u
+            return hn, (u, 2.0 * u)
+        hT, (us, twice) = lax.scan(step, h0, xs)
+        g, _ = lax.scan(lambda g, r: ((g * r[1]) @ W.T + r[0], None), hT, (us, twice), reverse=True)
+        return g
+    args = _hb_args()
+    before = jax.make_jaxpr(f)(*args)
+    thin = jax.make_jaxpr(_opt(f))(*args)
+    draws = lambda c: [loop.reverse for loop in _scans(c)  # noqa: E731
+                       for n in loop.body.nodes if n.name == "rng_uniform"]
+    assert draws(before) == draws(thin) == [False]           # one draw, in the forward loop
+    assert stacked_bytes(thin) < stacked_bytes(before)       # 2 u is rebuilt from u's row
 
 
 @pytest.mark.parametrize("name", ["debug_callback_rnn", "hb_io_callback_consumer"])
