@@ -318,6 +318,11 @@ def trace_context() -> tuple:
     return config.trace_context()
 
 
+def jit_disabled() -> bool:
+    """Whether `jax.disable_jit()` is in force: `optimize` then runs the function as written, as jit does."""
+    return bool(jax.config.jax_disable_jit)
+
+
 def resolve_static_args(fn, static_argnums, static_argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """jax.jit's static_argnums/static_argnames, completed from `fn`'s signature and validated as jit does."""
     from jax._src import api_util

@@ -24,7 +24,7 @@ from . import _jax
 from .ir import Graph
 from .ir.graph import gc_paused
 from . import passes as _passes
-from .passes.remat_loops import with_memory as remat_with_memory
+from .passes.remat_loops import check_memory, with_memory as remat_with_memory
 
 
 class PassError(RuntimeError):
@@ -244,6 +244,16 @@ def _pipeline(passes, exact: bool) -> list:
     return [p for p in pipeline if getattr(p, "exact", False)] if exact else pipeline
 
 
+def _check_options(api: str, fn, *, exact, strict, memory) -> None:
+    """Every option checked when `optimize` is called, not when a pass first runs (which would skip
+    the pass with a warning and run the program unplanned while the user believes planning is on)."""
+    for name, v in (("exact", exact), ("strict", strict)):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{api}({_fn_name(fn)}): {name} must be True or False, got {type(v).__name__} {v!r}")
+    if not (isinstance(memory, str) and memory == "default"):
+        check_memory(memory, f"{api}({_fn_name(fn)})")
+
+
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] | None = None,
              static_argnames: str | Sequence[str] | None = None, memory="default") -> Callable:
@@ -275,6 +285,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                                  static_argnums=static_argnums, static_argnames=static_argnames, memory=memory)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
+    _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory)
     pipeline = _pipeline(passes, exact)
     if memory == "default":
         memory = "auto" if passes is None else None
@@ -286,6 +297,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _jax.jit_disabled():        # as jax.jit: run `fn` as written (prints, pdb, Python control flow)
+            return fn(*args, **kwargs)
         n = len(args)
         static_pos = {i % n if i < 0 else i for i in static_argnums if n and i < n}   # as jax.jit
         statics = tuple((i, args[i]) for i in sorted(static_pos)) + \
@@ -382,6 +395,7 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
         return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict, memory=memory)
     if not callable(fn):
         raise TypeError(f"jaxform.filter_optimize expects a function, got {type(fn).__name__}")
+    _check_options("jaxform.filter_optimize", fn, exact=exact, strict=strict, memory=memory)
     pipeline = tuple(_pipeline(passes, exact))
     if memory == "default":
         memory = "auto" if passes is None else None
@@ -389,6 +403,8 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _jax.jit_disabled():
+            return fn(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         statics = tuple(None if _is_array(l) else _Static(l) for l in leaves)
         key = (tree, statics)

@@ -218,3 +218,56 @@ def test_optimize_on_model_with_int_field_names_the_leaf():
 def test_non_array_leaf_error_names_path():
     with pytest.raises(TypeError, match=r"argument model\.act of loss .*filter_optimize"):
         jaxform.optimize(loss)(_model(), jnp.ones((2, 3)))
+
+
+# ---- issue 26, finding 10: every option is checked when optimize is called ----
+
+@pytest.mark.parametrize("memory, match", [
+    ("Auto", r"memory='Auto' is not a setting\. Did you mean 'auto'\?"),
+    (" MIN", r"Did you mean 'min'\?"),
+    ("fast", r"memory='fast' is not a setting"),
+    (-1, "finite number of bytes >= 0"),
+    (float("nan"), "finite number of bytes >= 0"),
+    (float("inf"), "finite number of bytes >= 0"),
+])
+@pytest.mark.parametrize("api", [jaxform.optimize, jaxform.filter_optimize])
+def test_invalid_memory_raises_at_optimize(api, memory, match):
+    with pytest.raises(ValueError, match=match) as e:
+        api(_sub, memory=memory)
+    assert "_sub" in str(e.value)          # names the user's function
+
+
+@pytest.mark.parametrize("kw", [dict(memory=True), dict(memory=[1]), dict(exact="yes"), dict(strict=1)])
+def test_invalid_option_types_raise_at_optimize(kw):
+    with pytest.raises(TypeError, match="_sub"):
+        jaxform.optimize(_sub, **kw)
+
+
+@pytest.mark.parametrize("memory", [None, "auto", "min", 0, 2**30, 1.5e9, np.int64(10)])
+def test_valid_memory_settings_accepted(memory):
+    assert float(jaxform.optimize(_sub, memory=memory)(2.0, 1.0)) == 1.0
+
+
+# ---- issue 26, finding 12: optimize honours jax.disable_jit() like jax.jit ----
+
+def _branchy(x):
+    if x > 0:                   # Python control flow on a value: only works untraced
+        return x * 2
+    return -x
+
+
+@pytest.mark.parametrize("api", [jaxform.optimize, jaxform.filter_optimize, jax.jit])
+def test_disable_jit_runs_python_as_written(api):
+    seen = []
+
+    def f(x):
+        seen.append(type(x))
+        return _branchy(x)
+
+    g = api(f)
+    with jax.disable_jit():
+        assert float(g(jnp.float32(-3.0))) == 3.0
+        assert float(g(jnp.float32(2.0))) == 4.0
+    assert all(not issubclass(t, jax.core.Tracer) for t in seen)
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        g(jnp.float32(1.0))      # outside disable_jit it traces, as jax.jit does

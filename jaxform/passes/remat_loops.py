@@ -108,14 +108,32 @@ def remat_loops(graph: Graph, memory="auto") -> Graph:
     """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget)."""
     if memory is None:
         return graph
-    if not (memory in ("auto", "min") or isinstance(memory, (int, float)) and memory >= 0):
-        raise ValueError(f"jaxform: memory must be None, 'auto', 'min' or a byte budget, got {memory!r}")
+    check_memory(memory)
     plans = plan(graph)
     choose(plans, memory)
     for owner, node, p in plans:
         if p.schedule != "keep":
             _rewrite(owner, node, p)
     return graph
+
+
+def check_memory(memory, where: str = "jaxform") -> None:
+    """Raise a ValueError that teaches unless `memory` is None, "auto", "min" or a finite byte count >= 0.
+
+    `optimize` calls this eagerly: a bad setting found only when the pass runs would be skipped with
+    a warning, and the program would run unplanned while the user believes planning is on.
+    """
+    if memory is None or memory in ("auto", "min") and isinstance(memory, str):
+        return
+    if isinstance(memory, str):
+        hint = f" Did you mean {memory.strip().lower()!r}?" if memory.strip().lower() in ("auto", "min") else ""
+        raise ValueError(f"{where}: memory={memory!r} is not a setting.{hint} Use None (store everything, as "
+                         f"JAX does), 'auto', 'min', or a byte budget such as 2**30.")
+    if isinstance(memory, bool) or not isinstance(memory, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where}: memory must be None, 'auto', 'min' or a byte budget (a number), got "
+                        f"{type(memory).__name__} {memory!r}")
+    if not math.isfinite(memory) or memory < 0:
+        raise ValueError(f"{where}: the memory budget must be a finite number of bytes >= 0, got {memory!r}")
 
 
 def with_memory(memory):
