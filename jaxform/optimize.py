@@ -24,6 +24,7 @@ from . import _jax
 from .ir import Graph
 from .ir.graph import gc_paused
 from . import passes as _passes
+from . import plan as _plan
 from .passes.remat_loops import check_memory, with_memory as remat_with_memory
 
 
@@ -244,10 +245,10 @@ def _pipeline(passes, exact: bool) -> list:
     return [p for p in pipeline if getattr(p, "exact", False)] if exact else pipeline
 
 
-def _check_options(api: str, fn, *, exact, strict, memory) -> None:
+def _check_options(api: str, fn, *, exact, strict, memory, tune=False) -> None:
     """Every option checked when `optimize` is called, not when a pass first runs (which would skip
     the pass with a warning and run the program unplanned while the user believes planning is on)."""
-    for name, v in (("exact", exact), ("strict", strict)):
+    for name, v in (("exact", exact), ("strict", strict), ("tune", tune)):
         if not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{api}({_fn_name(fn)}): {name} must be True or False, got {type(v).__name__} {v!r}")
     if not (isinstance(memory, str) and memory == "default"):
@@ -256,8 +257,14 @@ def _check_options(api: str, fn, *, exact, strict, memory) -> None:
 
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] | None = None,
-             static_argnames: str | Sequence[str] | None = None, memory="default") -> Callable:
+             static_argnames: str | Sequence[str] | None = None, memory="default", tune: bool = False) -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
+
+    The default pipeline is planned (`jaxform.plan`, docs/planner.md): each loop rewrite a pass
+    proposes is kept only if one cost model predicts the program no bigger (XLA temp memory,
+    forward and under `grad`) and no slower than before it; with `memory="auto"`, `"min"` or a
+    budget, loop memory planning then trades time for gradient memory as asked. So the objective is:
+    `memory=None`: fastest without growing memory; `"auto"`/bytes: fastest within the budget.
 
     passes: a pass name or callable, or a sequence of them (default: the `passes.DEFAULT` pipeline).
     exact: keep only passes registered exact, i.e. that never change a value computed
@@ -274,6 +281,11 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         stored bytes and the recomputation is cheap), "min" (two-level √L checkpointing) or a
         byte budget for the gradient's loop residuals. Default: "auto" with the default
         pipeline, None when `passes` is given or exact=True (remat is not bit-exact).
+    tune: where the cost model cannot tell two candidate programs apart, time both on the
+        device at the first call for a signature (interleaved, min of N, with a noise margin)
+        and keep the faster; verdicts are cached on disk (`JAXFORM_TUNE_CACHE`, default
+        ~/.cache/jaxform/tune), so a later process pays nothing. Default pipeline only.
+    `passes=[...]` runs exactly the passes it names, unplanned.
 
     Traces with `jax.jit`'s rules, so tracing errors name `fn` and the argument path.
     Caches per argument types, static arguments and JAX configuration (the state
@@ -282,10 +294,12 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     """
     if fn is None:
         return functools.partial(optimize, passes=passes, exact=exact, strict=strict,
-                                 static_argnums=static_argnums, static_argnames=static_argnames, memory=memory)
+                                 static_argnums=static_argnums, static_argnames=static_argnames, memory=memory,
+                                 tune=tune)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
-    _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory)
+    _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune)
+    planned = passes is None
     pipeline = _pipeline(passes, exact)
     if memory == "default":
         memory = "auto" if passes is None else None
@@ -294,6 +308,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
     name = _fn_name(fn)
     cache: dict = {}
+    decisions: list = []
+    args_leaves: list = []
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -315,7 +331,9 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             raise TypeError(f"jaxform: a static argument of {name} is not hashable: {e}") from None
         entry = cache.get(key)
         if entry is None:
+            args_leaves[:] = [leaves]
             entry = _build(args, kwargs, len(leaves))
+            args_leaves.clear()
             if entry[2]:
                 cache[key] = entry
         closed, out_tree, _ = entry
@@ -327,10 +345,16 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         assert len(closed.jaxpr.invars) == n_leaves, "jaxform: argument flattening differs from jax.jit's"
         # Constants that are tracers of an enclosing transformation belong to this call only.
         cacheable = not any(isinstance(c, _jax.Tracer) for c in closed.consts)
-        return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable
+        if not planned:
+            return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable
+        chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
+                            example_args=args_leaves[0] if args_leaves else None)
+        decisions[:] = chosen.decisions
+        return chosen.closed, out_tree, cacheable
 
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)
+    wrapper.decisions = lambda: list(decisions)   # the planner's decisions for the latest signature traced
     return wrapper
 
 
@@ -381,7 +405,7 @@ class _Hole:
 
 
 def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
-                    strict: bool = False, memory="default") -> Callable:
+                    strict: bool = False, memory="default", tune: bool = False) -> Callable:
     """`optimize` with every non-array leaf of the arguments static, like `equinox.filter_jit`.
 
     Array leaves (jax/NumPy arrays and scalars) are traced; all other leaves
@@ -389,13 +413,14 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
     `==` if hashable and by identity otherwise. Each distinct set of static
     leaves is its own cache entry, so an `int` field of a model (a hidden size)
     can drive Python control flow. Tracing errors name `fn` and the argument path.
-    `memory` as in `optimize`.
+    `memory` and `tune` as in `optimize`.
     """
     if fn is None:
-        return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict, memory=memory)
+        return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict, memory=memory,
+                                 tune=tune)
     if not callable(fn):
         raise TypeError(f"jaxform.filter_optimize expects a function, got {type(fn).__name__}")
-    _check_options("jaxform.filter_optimize", fn, exact=exact, strict=strict, memory=memory)
+    _check_options("jaxform.filter_optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune)
     pipeline = tuple(_pipeline(passes, exact))
     if memory == "default":
         memory = "auto" if passes is None else None
@@ -410,8 +435,8 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
         key = (tree, statics)
         inner = inner_cache.get(key)
         if inner is None:
-            inner = inner_cache[key] = optimize(_with_statics(fn, leaves), list(pipeline), strict=strict,
-                                                memory=None if exact else memory)
+            inner = inner_cache[key] = optimize(_with_statics(fn, leaves), passes, exact=exact, strict=strict,
+                                                memory=memory, tune=tune)
         holed = [l if _is_array(l) else _Hole(i) for i, l in enumerate(leaves)]
         a, k = jax.tree_util.tree_unflatten(tree, holed)
         return inner(*a, **k)

@@ -1,0 +1,255 @@
+"""The planner's cost model: what a program will cost under XLA, predicted from its Graph.
+
+Two numbers per program, each a prediction of what XLA reports:
+
+* **temp bytes** (`memory_analysis().temp_size_in_bytes`): the peak of intermediate
+  buffers alive at once, parameters and outputs excluded. A value lives from its
+  producer to its last consumer, in program order. A value XLA fuses away is no
+  buffer: an elementwise (or layout) result whose every consumer is elementwise or
+  a reduction. A loop holds its carries twice (XLA double-buffers a while loop's
+  state), its stacked `[L, ...]` results as values of the outer program, and one
+  step's body peak.
+* **seconds**: a roofline per node, max(FLOPs / F, bytes moved / BW), and for a
+  loop `length × (body + step overhead)`. The step overhead is the backend's:
+  a while-loop iteration on CPU, plus one kernel launch per unfused body node on
+  GPU (where moving work out of loops pays more). A while loop's trip count is
+  unknown: counted once (a lower bound; the planner never moves work into one).
+
+Calibration (docs/planner.md): CPU constants from this repository's loop sweeps
+(`benchmarks/training_memory.py --sweep`, `benchmarks/loops.py`) on the 2-core CI
+machine; GPU constants are datasheet figures for an H100 and launch costs from
+public measurements, not measured here (no GPU lent to the sessions that wrote it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from ..ir import Graph, Node, Value
+from ..ir.separability import AXES_REDUCTIONS, ELEMENTWISE, UNARY
+from ..ir.sizes import nbytes
+from ..ir.toposort import producers_first
+
+__all__ = ["Machine", "Estimate", "machine", "estimate", "temp_bytes", "seconds", "has_loops"]
+
+LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
+                    "reduce_precision", "iota", "select_n", "clamp"})
+FUSIBLE = ELEMENTWISE | LAYOUT              # XLA fuses chains of these into one kernel
+FUSED_CONSUMER = FUSIBLE | AXES_REDUCTIONS  # ... and into the reduction that consumes them
+TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+                            "pow", "atan2", "erf", "erfc", "erf_inv", "lgamma", "digamma", "sqrt", "rsqrt",
+                            "asinh", "acosh", "atanh", "sinh", "cosh", "asin", "acos", "atan", "cbrt"})
+# FLOPs one element of these costs beyond `Machine.transcendental` (XLA:CPU, measured: cos 2.3 ns, pow 6 ns,
+# tanh/exp 0.5 ns per element on the CI machine, where a multiply streams at 0.55 ns).
+HEAVY = {"sin": 90, "cos": 90, "tan": 120, "pow": 240, "atan2": 120, "lgamma": 120, "digamma": 120,
+         "log": 25, "log1p": 25, "erf_inv": 60}
+LOOPS = frozenset({"scan", "while"})
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What one backend costs: peak rates and the fixed costs a loop pays every step."""
+    name: str
+    flops: float          # FLOP/s reached by matmuls and fused elementwise code
+    bandwidth: float      # bytes/s between buffers
+    step: float           # seconds per loop iteration (loop control, carry copies)
+    launch: float         # seconds per kernel a loop body launches every step
+    transcendental: int   # FLOPs one tanh/exp/log counts as
+    in_loop: float        # how much slower arithmetic runs inside a loop body than batched outside it
+    cache_bandwidth: float  # bytes/s within one loop step's working set (it stays in cache)
+    stack_bandwidth: float  # bytes/s a loop step writes its row of a stacked `[L, ...]` result at
+    fuses_reductions: bool  # an elementwise producer fused into its reduction (GPU input fusion)
+
+
+# CPU, measured on the 2-core CI machine (docs/planner.md): the seed's sin/cos runs 1.8x faster with its
+# cos batched out of the loop (XLA:CPU splits a big batched op over the cores, never a loop step's small
+# one), and XLA:CPU materializes an elementwise result before the reduction that reads it.
+CPU = Machine("cpu", flops=4.0e10, bandwidth=8.0e9, step=1.5e-6, launch=2.0e-7, transcendental=12,
+              in_loop=2.0, cache_bandwidth=6.4e10, stack_bandwidth=3.0e9, fuses_reductions=False)   # (but for chains without transcendentals)
+# GPU: datasheet rates of an H100 and public kernel-launch costs; not measured here (a guess).
+GPU = Machine("gpu", flops=4.0e13, bandwidth=2.0e12, step=8.0e-6, launch=4.0e-6, transcendental=4,
+              in_loop=4.0, cache_bandwidth=2.0e12, stack_bandwidth=1.0e12, fuses_reductions=True)
+
+
+def machine(backend: str | None = None) -> Machine:
+    """The cost constants of `backend` (default: JAX's default backend); TPU uses the GPU guess."""
+    return CPU if (backend or jax.default_backend()) == "cpu" else GPU
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A predicted program cost: XLA temp bytes and seconds, forward and (where asked) under grad."""
+    temp_bytes: float
+    seconds: float
+    grad_temp_bytes: float | None = None
+    grad_seconds: float | None = None
+
+    def __str__(self) -> str:
+        g = "" if self.grad_temp_bytes is None else \
+            f", grad {_fmt(self.grad_temp_bytes)} / {self.grad_seconds * 1e3:.3g} ms"
+        return f"{_fmt(self.temp_bytes)} / {self.seconds * 1e3:.3g} ms{g}"
+
+
+def _fmt(n: float) -> str:
+    for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def has_loops(g: Graph) -> bool:
+    return any(n.name in LOOPS for n, _ in g.walk())
+
+
+# ---- memory ------------------------------------------------------------------------
+
+def _bytes(v: Value) -> float:
+    b = nbytes(v.aval)
+    return 0.0 if math.isinf(b) else float(b)
+
+
+def _materialized(v: Value, m: Machine) -> bool:
+    """Is `v` a buffer of its own? Not if XLA fuses its producer into every consumer."""
+    p = v.producer
+    if p is None or v.is_output or p.name not in FUSIBLE:
+        return True
+    into_reduction = m.fuses_reductions or not _transcendental_chain(v)
+    consumers = FUSED_CONSUMER if into_reduction else FUSIBLE
+    return not all(u.name in consumers for u in v.users)
+
+
+def _transcendental_chain(v: Value, depth: int = 8) -> bool:
+    """Does the fused elementwise chain computing `v` contain a transcendental? (XLA:CPU then keeps the
+    chain out of the reduction reading it: measured, `mean((y - cos(x)) ** 2)` holds a buffer.)"""
+    p = v.producer
+    if p is None or p.name not in FUSIBLE or depth == 0:
+        return False
+    return p.name in TRANSCENDENTAL or any(_transcendental_chain(u, depth - 1) for u in p.inputs)
+
+
+def node_temp(n: Node, m: Machine) -> float:
+    """Bytes a node needs while it runs, besides its operands and results."""
+    if n.name == "scan":
+        body = n.regions["body"]
+        nc, nk = n.params["num_consts"], n.params["num_carry"]
+        carry = sum(_bytes(v) for v in n.inputs[nc:nc + nk])
+        return 2 * carry + temp_bytes(body, m)
+    if n.name == "while":
+        carry = sum(_bytes(v) for v in n.outputs)
+        return 2 * carry + max((temp_bytes(g, m) for g in n.subgraphs()), default=0.0)
+    return max((temp_bytes(g, m) for g in n.subgraphs()), default=0.0)
+
+
+def temp_bytes(g: Graph, m: Machine | None = None) -> float:
+    """Peak bytes of `g`'s intermediates alive at once (inputs, constants and outputs excluded)."""
+    m = m or machine()
+    order = producers_first(g.nodes)
+    last: dict[int, int] = {}
+    for i, n in enumerate(order):
+        for v in n.inputs:
+            last[v.id] = i
+    live = peak = 0.0
+    sizes: dict[int, float] = {}
+    for i, n in enumerate(order):
+        made = 0.0
+        for o in n.outputs:
+            if not o.is_output and o.uses and _materialized(o, m):
+                sizes[o.id] = b = _bytes(o)
+                made += b
+        peak = max(peak, live + made + node_temp(n, m))
+        live += made
+        for v in {v.id: v for v in n.inputs}.values():
+            if last.get(v.id) == i and v.id in sizes:
+                live -= sizes.pop(v.id)
+    return peak
+
+
+# ---- time --------------------------------------------------------------------------
+
+def _size(v: Value) -> int:
+    return int(np.prod(getattr(v.aval, "shape", ()) or (1,)))
+
+
+def _kernels(g: Graph) -> int:
+    """Kernels one run of `g` launches: each unfused node, plus one for the fused elementwise code."""
+    return 1 + sum(1 for n in g.nodes if n.name not in FUSIBLE)
+
+
+def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
+    """Seconds of one node; `in_loop`: it runs in a loop step (slower arithmetic, operands in cache)."""
+    if n.name == "scan":
+        body = n.regions["body"]
+        nk = n.params["num_carry"]
+        stacked = sum(_bytes(v) for v in body.outputs[nk:]) / m.stack_bandwidth
+        return n.params["length"] * (seconds(body, m, True) + stacked + m.step + m.launch * _kernels(body))
+    if n.name == "while":
+        return sum(seconds(g, m, True) + m.step + m.launch * _kernels(g) for g in n.subgraphs())
+    if n.name == "cond":
+        return max((seconds(g, m, in_loop) for g in n.subgraphs()), default=0.0)
+    subs = list(n.subgraphs())
+    if subs:
+        return sum(seconds(g, m, in_loop) for g in subs)
+    out = sum(_size(o) for o in n.outputs)
+    if n.name == "dot_general":
+        (lc, _), _ = n.params["dimension_numbers"]
+        flops = 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
+    elif n.name == "conv_general_dilated":
+        flops = 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
+    elif n.name in TRANSCENDENTAL:
+        flops = max(m.transcendental, HEAVY.get(n.name, 0) if m.name == "cpu" else 0) * out
+    else:
+        flops = out
+    moved = sum(_bytes(o) for o in n.outputs if _materialized(o, m))
+    moved += sum(_bytes(v) for v in {v.id: v for v in n.inputs}.values()
+                 if n.name not in FUSIBLE or v.producer is None or _materialized(v, m))   # fused ones stay in registers
+    if in_loop:
+        return max(m.in_loop * flops / m.flops, moved / m.cache_bandwidth)
+    return max(flops / m.flops, moved / m.bandwidth)
+
+
+def seconds(g: Graph, m: Machine | None = None, in_loop: bool = False) -> float:
+    m = m or machine()
+    return sum(node_seconds(n, m, in_loop) for n in g.nodes)
+
+
+# ---- whole programs -----------------------------------------------------------------
+
+def gradient_program(closed):
+    """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
+    every float input), or None where there is nothing to differentiate or JAX cannot."""
+    from .. import _jax
+    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+    outs = [i for i, a in enumerate(closed.out_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)]
+    if not floats or not outs:
+        return None
+
+    def grad(*args):
+        def f(*fl):
+            full = list(args)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            res = _jax.eval_jaxpr(closed, *full)
+            return [res[i] for i in outs]
+        ys, pull = jax.vjp(f, *[args[i] for i in floats])
+        return pull([jax.numpy.ones_like(y) for y in ys])
+
+    try:
+        return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
+    except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
+        return None
+
+
+def estimate(closed, *, grad: bool = True, m: Machine | None = None) -> Estimate:
+    """Predicted XLA temp bytes and time of `closed`, and with grad=True of its gradient program."""
+    m = m or machine()
+    g = Graph.from_jaxpr(closed)
+    gt = gs = None
+    if grad:
+        gp = gradient_program(closed)
+        if gp is not None:
+            gg = Graph.from_jaxpr(gp)
+            gt, gs = temp_bytes(gg, m), seconds(gg, m)
+    return Estimate(temp_bytes(g, m), seconds(g, m), gt, gs)
