@@ -45,6 +45,7 @@ class Report:
     unfused: list = field(default_factory=list)   # why a scan's stacked outputs stayed (fuse_scan_reductions)
     loops: list = field(default_factory=list)     # what each loop remembers under grad (remat_loops)
     grad_temp_bytes: tuple | None = None          # XLA temp memory of the gradient, before/after loop planning
+    decisions: list = field(default_factory=list)  # the planner's verdict on each loop pass's proposal
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,6 +53,8 @@ class Report:
     def __str__(self) -> str:
         lines = [f"jaxform.explain: {self.function}",
                  f"  pipeline: {', '.join(self.passes) or '(none)'}"]
+        for d in self.decisions:
+            lines.append(f"  planner: {d}")
         if not self.changes:
             lines.append("  no pass changed the program")
         for c in self.changes:
@@ -133,9 +136,15 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         from ..passes.remat_loops import with_memory
         pipe.append(with_memory(loop_memory))
     stages: list = []
+    report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
+    if passes is None:       # the default pipeline is planned, as in `optimize`: report each verdict
+        from ..plan import plan
+        with step("planning"):
+            chosen = plan(closed, pipe, memory=loop_memory)
+        report.decisions = [str(d) for d in chosen.decisions]
+        pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
-    report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     mems: dict = {}
 
     def mem(c):

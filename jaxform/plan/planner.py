@@ -66,6 +66,7 @@ class Plan:
     """The program the planner chose and every decision on the way."""
     closed: object
     decisions: list = field(default_factory=list)
+    skipped: frozenset = frozenset()     # indices into the pipeline of the passes left out
 
 
 def base_name(p) -> str:
@@ -181,7 +182,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                 won.append(i)
         else:
             skip.add(i)
-    return Plan(good, decisions)
+    return Plan(good, decisions, frozenset(skip))
 
 
 def _replay(run, closed, pipeline, skip: set):
