@@ -84,6 +84,10 @@ def judge(plain: _cost.Estimate, before: _cost.Estimate, after: _cost.Estimate, 
             return True, "fits the byte budget"
         if after.grad_temp_bytes < before.grad_temp_bytes - MEMORY_SLACK:
             return True, "less gradient memory, as asked"
+        if memory == "min" and after.grad_temp_bytes <= before.grad_temp_bytes + MEMORY_SLACK:
+            # "min" asks for the least memory whatever the time: a saving below the model's
+            # resolution (a small loop) is still taken, as long as it is not predicted to grow.
+            return True, "memory='min': no more gradient memory (saving below the model's resolution)"
         return False, "no gradient memory saved"
     for what, p, b, a in (("forward", plain.temp_bytes, before.temp_bytes, after.temp_bytes),
                           ("gradient", plain.grad_temp_bytes, before.grad_temp_bytes, after.grad_temp_bytes)):
@@ -115,10 +119,17 @@ def _less(b, a) -> bool:
 
 
 def _estimate(closed, cache: dict) -> _cost.Estimate:
-    key = id(closed)
+    """The cost of `closed`, once per structure: the planner meets the same program again and again
+    (the current program rerun through each proposal's tail passes), and tracing its gradient view
+    is most of the planner's time. Entries keep their program alive (constants compare by identity)."""
+    g = Graph.from_jaxpr(closed)
+    try:
+        key = structure(g)
+        hash(key)
+    except TypeError:
+        key = id(closed)
     if key not in cache:
-        n = len(Graph.from_jaxpr(closed))
-        cache[key] = (_cost.estimate(closed, grad=n <= GRAD_VIEW_MAX_EQNS), closed)
+        cache[key] = (_cost.estimate(closed, grad=len(g) <= GRAD_VIEW_MAX_EQNS), closed)
     return cache[key][0]
 
 
