@@ -30,8 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import jax
+
 from ..ir import Graph
 from ..ir.identity import structure
+from .. import _jax
 from . import cost as _cost
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
@@ -39,7 +42,9 @@ DECIDED = frozenset({"hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_r
                      "thin_residuals", "remat_loops"})
 TIME_SLACK = 0.02          # a proposal may be predicted this much slower (the model's resolution)
 MEMORY_SLACK = 4096        # bytes, or MEMORY_REL of the program's, whichever is more: the model's resolution
-MEMORY_REL = 0.01          # (a fused loss adds a few carries to a gradient of tens of MiB)
+MEMORY_REL = 0.01          # (a fused loss adds a few carries to a gradient of tens of MiB); growth beyond the
+                           # traced program's is allowed only MEMORY_REL, never MEMORY_SLACK: on a small program
+                           # 4 KiB would be a real growth (fission 264 -> 348 B on dynamax's two-filter smoother)
 GIVE_BACK_SPEEDUP = 1.25  # memory an earlier pass won may be spent (up to the traced program's) for this much
 GRAD_VIEW_MAX_EQNS = 4000  # above this the gradient view is not traced (its cost would show in compile time)
 
@@ -91,7 +96,7 @@ def judge(plain: _cost.Estimate, before: _cost.Estimate, after: _cost.Estimate, 
         return False, "no gradient memory saved"
     for what, p, b, a in (("forward", plain.temp_bytes, before.temp_bytes, after.temp_bytes),
                           ("gradient", plain.grad_temp_bytes, before.grad_temp_bytes, after.grad_temp_bytes)):
-        if a is not None and b is not None and a > max(p if p is not None else b, b) + _slack(b):
+        if a is not None and b is not None and a > max(p if p is not None else b, b) * (1 + MEMORY_REL):
             return False, f"more {what} temp memory than the program as traced"
     gives_back = _more(before.temp_bytes, after.temp_bytes) or _more(before.grad_temp_bytes, after.grad_temp_bytes)
     speedup = before.seconds / max(after.seconds, 1e-12)
@@ -193,7 +198,40 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                 won.append(i)
         else:
             skip.add(i)
-    return Plan(good, decisions, frozenset(skip))
+    return Plan(_xla_guard(closed, good, decisions, plain_cost), decisions, frozenset(skip))
+
+
+XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable
+
+
+def _xla_guard(closed, chosen, decisions: list, plain_cost):
+    """The last word on a small program: XLA's `memory_analysis()` of the chosen program (forward and
+    gradient) against the traced one's. On a few-KiB program the model's resolution is coarser than what
+    a hoisted 64-byte value costs (dynamax's two-filter smoother: 808 -> 872 B), and a promise of
+    "never bigger than jax.jit" must hold to the byte. Bigger programs are left to the model (one
+    compile costs seconds there); any failure to compile here leaves the choice as it was."""
+    if chosen is closed or len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS or \
+            any(isinstance(c, _jax.Tracer) for c in closed.consts):
+        return chosen
+    try:
+        for what, view in (("forward", lambda c: c), ("gradient", _cost.gradient_program)):
+            a, b = view(closed), view(chosen)
+            if a is None or b is None:
+                continue
+            plain, opt = _xla_temp(a), _xla_temp(b)
+            if opt > plain:
+                decisions.append(Decision("planner", False, plain_cost, plain_cost,
+                                          f"XLA measured {what} temp {opt} B > {plain} B as traced: "
+                                          f"the program is kept as traced"))
+                return closed
+    except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
+        return chosen
+    return chosen
+
+
+def _xla_temp(closed) -> int:
+    fn = jax.jit(lambda *a: _jax.eval_jaxpr(closed, *a))
+    return fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile().memory_analysis().temp_size_in_bytes
 
 
 def _replay(run, closed, pipeline, skip: set):
