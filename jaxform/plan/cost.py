@@ -37,6 +37,9 @@ __all__ = ["Machine", "Estimate", "machine", "estimate", "temp_bytes", "seconds"
 
 LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
                     "reduce_precision", "iota", "select_n", "clamp"})
+# Row-major layout changes XLA lowers to a bitcast: the result is the operand's buffer, not a new one
+# (memory="min" reshapes [L, ...] inputs to [sqrt L, sqrt L, ...]: counted as copies, the planner rejected it).
+BITCAST = frozenset({"reshape", "squeeze", "expand_dims"})
 FUSIBLE = ELEMENTWISE | LAYOUT              # XLA fuses chains of these into one kernel
 FUSED_CONSUMER = FUSIBLE | AXES_REDUCTIONS  # ... and into the reduction that consumes them
 TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
@@ -147,23 +150,28 @@ def temp_bytes(g: Graph, m: Machine | None = None) -> float:
     """Peak bytes of `g`'s intermediates alive at once (inputs, constants and outputs excluded)."""
     m = m or machine()
     order = producers_first(g.nodes)
+    root: dict[int, int] = {}          # a bitcast's result is its operand's buffer (XLA aliases it)
+    for n in order:
+        if n.name in BITCAST and n.inputs and not n.inputs[0].is_literal and n.params.get("dimensions") is None:
+            root[n.outputs[0].id] = root.get(n.inputs[0].id, n.inputs[0].id)
+    rid = lambda v: root.get(v.id, v.id)   # noqa: E731
     last: dict[int, int] = {}
     for i, n in enumerate(order):
         for v in n.inputs:
-            last[v.id] = i
+            last[rid(v)] = i
     live = peak = 0.0
     sizes: dict[int, float] = {}
     for i, n in enumerate(order):
         made = 0.0
         for o in n.outputs:
-            if not o.is_output and o.uses and _materialized(o, m):
+            if o.id not in root and not o.is_output and o.uses and _materialized(o, m):
                 sizes[o.id] = b = _bytes(o)
                 made += b
         peak = max(peak, live + made + node_temp(n, m))
         live += made
-        for v in {v.id: v for v in n.inputs}.values():
-            if last.get(v.id) == i and v.id in sizes:
-                live -= sizes.pop(v.id)
+        for r in {rid(v) for v in n.inputs}:
+            if last.get(r) == i and r in sizes:
+                live -= sizes.pop(r)
     return peak
 
 
