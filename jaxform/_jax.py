@@ -7,6 +7,7 @@ IR and every pass see one canonical layout (JAX 0.10's).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from typing import Any
@@ -145,14 +146,15 @@ def primitive(name: str) -> Primitive:
     return prims[name]
 
 
-def discharge_state(closed: ClosedJaxpr) -> ClosedJaxpr:
+def discharge_state(closed: ClosedJaxpr, should_discharge=True) -> ClosedJaxpr:
     """Turn Ref-using code (new_ref/get/swap/addupdate, refs in loops) into pure code.
 
     Ref *inputs* become extra outputs holding their final values (JAX's
     convention); a jaxpr whose refs are all internal keeps its signature.
+    `should_discharge` (one bool per input) limits this to some Ref inputs.
     """
     from jax._src.state import discharge
-    return discharge.discharge_state(closed)
+    return discharge.discharge_state(closed, should_discharge=should_discharge)
 
 
 def is_unspecified(sharding) -> bool:
@@ -371,3 +373,72 @@ def as_output(x, aval):
     from jax._src.lax import lax as _lax
     import numpy as np
     return _lax._convert_element_type(x, np.dtype(aval.dtype), getattr(aval, "weak_type", False))
+
+
+# ---- loops over refs (JAX 0.12's `Scan3`) -------------------------------------
+
+HI_PRIMITIVE = "call_hi_primitive"
+"""0.12+: the one primitive behind every `hijax.HiPrim` (Scan3, RematTraced, ...); the object
+itself rides in the `_prim` param."""
+
+
+def scan3_loop(params: dict):
+    """For a `Scan3` equation (jax_scan3 on, 0.12+): (extensives, length, body, reverse, unroll),
+    body a ClosedJaxpr `(*operands sliced where extensive) -> ys[t]` whose Ref operands are the
+    carries; None for anything else (and on versions without Scan3)."""
+    prim = params.get("_prim")
+    if prim is None:
+        return None
+    try:
+        from jax._src.lax.control_flow.loops import Scan3
+    except ImportError:
+        return None
+    if type(prim) is not Scan3:
+        return None
+    body = prim.jaxpr
+    if not isinstance(body, ClosedJaxpr):
+        body = ClosedJaxpr(body, ())
+    return list(prim.extensives), int(prim.length), body, bool(prim.reverse), prim.unroll
+
+
+LOOP_FLAGS = ("jax_scan3", "jax_remat3")
+"""JAX 0.12's opt-in loop and remat rebuilt on refs (jax-ml/jax PR 36435); absent before 0.12."""
+
+
+def loop_flags() -> dict[str, bool]:
+    """The flags of LOOP_FLAGS this JAX has, with their current values."""
+    return {f: bool(getattr(jax.config, f)) for f in LOOP_FLAGS if hasattr(jax.config, f)}
+
+
+@contextlib.contextmanager
+def classic_loops():
+    """jaxform's own tracing (a pass re-tracing a loop under `jax.checkpoint`, the planner's gradient
+    view) builds `scan`/`checkpoint` equations, which every JAX version can differentiate and batch:
+    0.12's `Scan3` has no vjp or batching rule yet. User code is never traced under this."""
+    from jax._src import config as _config
+    states = [getattr(_config, f[len("jax_"):]) for f in loop_flags()]
+    with contextlib.ExitStack() as stack:
+        for st in states:
+            stack.enter_context(st(False))
+        yield
+
+
+@functools.cache
+def _scan_param_names() -> frozenset:
+    import numpy as np
+    from jax import lax
+    with classic_loops():
+        j = jax.make_jaxpr(lambda c, x: lax.scan(lambda c, x: (c, x), c, x))(np.float32(0), np.zeros(1, np.float32))
+    (eqn,) = [e for e in j.eqns if e.primitive.name == "scan"]
+    return frozenset(canonical_params(eqn.primitive, eqn.params))
+
+
+def scan_params(*, length: int, reverse: bool, unroll, num_consts: int, num_carry: int, num_operands: int) -> dict:
+    """Canonical params of a new `scan` node (its body goes in as the region), for the running JAX."""
+    p = dict(length=length, reverse=reverse, unroll=unroll, num_consts=num_consts, num_carry=num_carry)
+    names = _scan_param_names()
+    if "linear" in names:
+        p["linear"] = (False,) * num_operands
+    if "_split_transpose" in names:
+        p["_split_transpose"] = False
+    return p

@@ -32,6 +32,10 @@ from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
 from .residual_stacks import thin_residuals  # noqa: E402
+from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
+
+# Loops over refs (JAX 0.12's Scan3 under jax_scan3) read as scans; `run_passes` puts it first by itself.
+register("scans_from_ref_loops", exact=True)(scans_from_ref_loops)
 
 # Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop
