@@ -23,7 +23,7 @@ before the loop, read partially; an extensive ref; a body JAX cannot
 discharge (a nested `Scan3` writing an outer carry ref). A `reverse` Scan3 also
 stays: JAX 0.12 ignores `reverse` when it runs one (it scans forward), and a
 rewrite must compute what the program computes. Nested loops are rewritten
-from the outside in: the new scan's body is read again.
+from the inside out (JAX has no discharge rule for a Scan3).
 """
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ def _rewrite(g: Graph) -> None:
     for node in list(g.nodes):
         if node.dead:
             continue
-        if _jax.scan3_loop(node.params) is not None and ref_loop_reason(g, node) is None:
-            new = _to_scan(g, node)
-            if new is not None:
-                node = new
+        if _jax.scan3_loop(node.params) is not None:
+            if ref_loop_reason(g, node) is None:
+                _to_scan(g, node)
+            continue
         for sub in node.subgraphs():
             _rewrite(sub)
 
@@ -105,6 +105,9 @@ def _to_scan(g: Graph, node: Node) -> Node | None:
     """Replace `node` (a Scan3 `ref_loop_reason` accepted) by a scan; None if its body cannot be discharged."""
     extensives, length, body, _, unroll = _jax.scan3_loop(node.params)
     is_ref = [_jax.is_ref_aval(v.aval) for v in node.inputs]
+    inner = Graph.from_jaxpr(body)
+    if has_ref_loops(inner):      # inner loops first: JAX has no discharge rule for a Scan3
+        body = scans_from_ref_loops(inner).to_jaxpr()
     try:
         pure = _jax.discharge_state(body, should_discharge=is_ref)
     except Exception:   # noqa: BLE001 - no discharge rule for something in the body: leave the loop as it is
