@@ -14,6 +14,9 @@ from typing import Any
 
 import jax
 import jax.extend.core as jex
+import jax.extend.source_info_util as _public_siu
+# What has no public equivalent on every supported version (0.10-0.12) comes from jax._src; each
+# use says why (the list is in docs/testing.md, "What still needs jax._src").
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
@@ -27,9 +30,9 @@ ClosedJaxpr = jex.ClosedJaxpr
 JaxprEqn = jex.JaxprEqn
 Primitive = jex.Primitive
 JaxprTypeError = jex.JaxprTypeError
-Tracer = _core.Tracer
-ShapedArray = _core.ShapedArray
-no_effects = _core.no_effects
+Tracer = jax.core.Tracer
+ShapedArray = jax.core.ShapedArray
+no_effects = jex.no_effects
 new_jaxpr_eqn = jex.new_jaxpr_eqn
 jaxpr_as_fun = jex.jaxpr_as_fun
 
@@ -41,11 +44,12 @@ def get_aval(x: Any):
 
 def check_jaxpr(closed: ClosedJaxpr) -> None:
     """Type-check a jaxpr (raises JaxprTypeError)."""
-    _core.check_jaxpr(closed.jaxpr)
+    jex.check_jaxpr(closed.jaxpr)
 
 
 def eval_jaxpr(closed: ClosedJaxpr, *args):
-    """Evaluate by binding each primitive: runs under whatever trace is active."""
+    """Evaluate by binding each primitive: runs under whatever trace is active. (jax._src: the public
+    `jaxpr_as_fun` also turns `jax_debug_nans` off while it runs, which would hide a user's NaN check.)"""
     return _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
 
 
@@ -66,20 +70,15 @@ def retarget_effect(eff, var):
 
 
 def is_literal(x) -> bool:
-    return isinstance(x, _core.Literal)
+    return isinstance(x, jex.Literal)
 
 
 def is_dropvar(x) -> bool:
-    return isinstance(x, _core.DropVar)
+    return isinstance(x, jex.DropVar)
 
 
 def is_ref_aval(aval) -> bool:
-    return isinstance(aval, _state_types().AbstractRef)
-
-
-def _state_types():
-    from jax._src.state import types
-    return types
+    return isinstance(aval, jax.ref.AbstractRef)
 
 
 def source_summary(source_info) -> str:
@@ -87,7 +86,7 @@ def source_summary(source_info) -> str:
     if source_info is None:
         return ""
     try:
-        return _siu.summarize(source_info)
+        return _public_siu.summarize(source_info)
     except Exception:
         return ""
 
@@ -104,7 +103,7 @@ def user_frame(source_info):
 
 def new_source_info():
     """Source info for the code that is calling now (used for nodes built by hand)."""
-    return _siu.current()
+    return _public_siu.current()
 
 
 def abstract_eval(prim: Primitive, avals, params):
