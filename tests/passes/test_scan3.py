@@ -265,3 +265,98 @@ def test_a_user_ref_carried_by_the_loop_is_read_as_a_carry():
         g = scans_from_ref_loops(jaxform.trace(f, xs))
         assert not [n for n, _ in g.walk() if _jax.scan3_loop(n.params) or n.name == "new_ref"]
         np.testing.assert_allclose(jaxform.to_function(g)(xs), f(xs), rtol=1e-6)
+
+
+# ---- jaxform.for_loop programs ------------------------------------------------------------------
+# A for_loop is a `scan` over its discharged body (state/for_loop.py); under the flag that scan is a
+# Scan3 too, read back the same way. Each program: the same optimized program with the flag on as
+# off, and the optimization the equivalent `lax.scan` gets.
+
+def prefix_sums(x):                                # the seed's cumsum, in place
+    def body(i, r):
+        r[i + 1] += r[i]
+    return jnp.sum(jaxform.for_loop(x.shape[0] - 1, body, x) ** 2)
+
+
+def in_place_rows(w, xs):                          # fill a matrix row by row, W @ W.T in the body
+    def body(i, refs):
+        h, out = refs
+        h[...] = jnp.tanh((w @ w.T) @ h[...] + xs[i])
+        out[i] = h[...]
+    _, out = jaxform.for_loop(xs.shape[0], body, (jnp.zeros(xs.shape[1]), jnp.zeros_like(xs)))
+    return jnp.sum(out ** 2)
+
+
+def for_loop_rnn_mse(w, xs, targets):              # jaxform.scan (a for_loop) in the README program
+    def cell(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h
+    _, ys = jaxform.scan(cell, jnp.zeros(xs.shape[1:]), xs)
+    return jnp.mean((ys - targets) ** 2)
+
+
+FOR_LOOPS = {"prefix_sums": (prefix_sums, (XS[:, 0, 0],), "default"),
+             "in_place_rows": (in_place_rows, (W, XS[:, 0]), "hoisting"),
+             "for_loop_rnn_mse": (for_loop_rnn_mse, (W, XS, TS), "default")}
+
+
+@pytest.mark.parametrize("name", sorted(FOR_LOOPS))
+def test_for_loop_programs_get_the_same_passes_with_the_flag_on(name):
+    fn, args, pipeline = FOR_LOOPS[name]
+    make = PIPELINES[pipeline]
+    with flags(True):
+        assert any(_jax.scan3_loop(n.params) for n, _ in jaxform.trace(fn, *args).walk())
+        np.testing.assert_allclose(jax.jit(make(fn))(*args), fn(*args), rtol=1e-5)
+    off, on = _program(make, fn, args, False), _program(make, fn, args, True)
+    assert _text(on) == _text(off)
+    assert _temp(make, fn, args, True) == _temp(make, fn, args, False)
+
+
+def test_for_loop_hoisting_changes_the_program():
+    fn, args, pipeline = FOR_LOOPS["in_place_rows"]
+    with flags(True):
+        assert _text(_program(PIPELINES[pipeline], fn, args, True)) != _text(jax.make_jaxpr(
+            jaxform.optimize(fn, passes=["dce"]))(*args))
+
+
+def test_for_loop_scan_fuses_as_lax_scan_does():
+    """jaxform.scan's RNN + MSE: the forward temp memory optimize leaves equals lax.scan's, flag on and off."""
+    fn, args, _ = FOR_LOOPS["for_loop_rnn_mse"]
+    for on in (False, True):
+        got = _temp(PIPELINES["default"], fn, args, on)
+        want = _temp(PIPELINES["default"], rnn_mse, args, on)
+        plain = _temp(lambda f: f, fn, args, False)
+        assert got == want < plain / 10, (on, got, want, plain)
+
+
+# ---- the real programs of test_fusion_real.py ---------------------------------------------------
+
+from test_fusion_real import PROGRAMS as REAL, SCAN3_LIMITS, stacked_outputs  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_programs_same_program_and_memory_with_the_flag_on(name):
+    if name in SCAN3_LIMITS:
+        pytest.skip(f"jax_scan3: {SCAN3_LIMITS[name]}")
+    loss, args = REAL[name]()
+    make = PIPELINES["default"]
+    off, on = _program(make, loss, args, False), _program(make, loss, args, True)
+    # the same loops with the same stacked outputs (the text may differ by a weak-type convert: lax.scan
+    # promotes a weak init, Scan3's ref does not need to)
+    assert stacked_outputs(on) == stacked_outputs(off)
+    assert "Scan3" not in str(on) and "Scan3" in str(_program(lambda f: f, loss, args, True))
+    assert _temp(make, loss, args, True) == _temp(make, loss, args, False)
+    with flags(True):
+        np.testing.assert_allclose(jax.jit(make(loss))(*args), jax.jit(loss)(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_a_reverse_scan3_is_left_as_jax_runs_it():
+    """hmm_two_filter's backward pass is a reverse scan: JAX 0.12 runs its Scan3 forward, so the value
+    under the flag differs from the flag off. jaxform keeps that loop as it is (its value is JAX's)."""
+    loss, args = REAL["hmm_two_filter"]()
+    with flags(True):
+        want = jax.jit(loss)(*args)
+        got = jax.jit(jaxform.optimize(loss))(*args)
+        left = [n for n, _ in jaxform.trace(jaxform.optimize(loss), *args).walk() if _jax.scan3_loop(n.params)]
+    assert len(left) == 1 and _jax.scan3_loop(left[0].params)[3]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
