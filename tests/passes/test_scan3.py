@@ -360,3 +360,22 @@ def test_a_reverse_scan3_is_left_as_jax_runs_it():
         left = [n for n, _ in jaxform.trace(jaxform.optimize(loss), *args).walk() if _jax.scan3_loop(n.params)]
     assert len(left) == 1 and _jax.scan3_loop(left[0].params)[3]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_carry_only_loop_keeps_running_under_jit():
+    """JAX 0.12 under jit drops a Scan3 that has no stacked outputs (its dead-code rule sees no used
+    output and no effect, though the loop writes the carry refs read after it): `jit(f)` returns the
+    initial carry (0.10.2 keeps it). jaxform reads the loop as a scan, which jit keeps: the value of
+    `f` run eagerly and of `f` with the flag off."""
+    def f(w, x):
+        return lax.fori_loop(0, 4, lambda i, c: jnp.cos(w @ c) * i, x)
+
+    args = (W[:8, :8], jnp.linspace(0.5, 1.5, 8))
+    with flags(True):
+        eager = f(*args)
+        assert not np.allclose(eager, args[1])
+        got = jax.jit(jaxform.optimize(f))(*args)
+    with flags(False):
+        want = jax.jit(f)(*args)
+    np.testing.assert_allclose(got, eager, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
