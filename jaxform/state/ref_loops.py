@@ -81,7 +81,7 @@ def ref_loop_reason(g: Graph, node: Node) -> str | None:
                 continue
             if not isinstance(user, Node):
                 return "a carry ref is an output of the graph"
-            if not _full_read(user, v) or nodes.index(user) < at:
+            if not _full_read(user, v) or user not in nodes or nodes.index(user) < at:
                 return f"a carry ref is also used by {user.name} (not a whole read after the loop)"
     return None
 
