@@ -400,6 +400,16 @@ def scan3_loop(params: dict):
     return list(prim.extensives), int(prim.length), body, bool(prim.reverse), prim.unroll
 
 
+def has_scan3(jaxpr) -> bool:
+    """Does this (closed) jaxpr hold a Scan3 at any depth? Read off the equations, no Graph built."""
+    for eqn in jaxpr.eqns:
+        if scan3_loop(eqn.params) is not None:
+            return True
+        if any(has_scan3(sub) for sub in jex.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
 LOOP_FLAGS = ("jax_scan3", "jax_remat3")
 """JAX 0.12's opt-in loop and remat rebuilt on refs (jax-ml/jax PR 36435); absent before 0.12."""
 
