@@ -9,7 +9,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: demo test test-slow test-jax-latest bench
+.PHONY: demo test test-slow test-jax-latest test-scan3 bench
 demo: $(BIN)/.installed
 	$(BIN)/jaxform demo
 
@@ -28,6 +28,13 @@ test-jax-latest:
 	PY313_DIR=$(PY313) bash $(TOOLS)/py313.sh $(PY313) >/dev/null
 	PY313_DIR=$(PY313) bash $(TOOLS)/jax-latest-env.sh $(LATEST) . >/dev/null
 	$(LATEST)/bin/python -m pytest -n 2 -q -m "not slow"
+
+# The loop-pass tests with JAX's loops on refs turned on (jax_scan3 + jax_remat3, JAX 0.12's opt-in flags), in the
+# newest-JAX env that test-jax-latest builds (LATEST=... to use another). The other loop-pass files differentiate and
+# vmap scans in JAX itself, which JAX 0.12 cannot do for a Scan3 (docs/state.md, "Loops over refs").
+SCAN3_TESTS ?= tests/passes/test_scan3.py tests/passes/test_fusion_real.py tests/test_jax_flags.py
+test-scan3:
+	JAXFORM_TEST_SCAN3=1 $(LATEST)/bin/python -m pytest -n 2 -q -m "not slow" $(SCAN3_TESTS)
 
 bench: $(BIN)/.installed
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

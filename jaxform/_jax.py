@@ -7,12 +7,16 @@ IR and every pass see one canonical layout (JAX 0.10's).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from typing import Any
 
 import jax
 import jax.extend.core as jex
+import jax.extend.source_info_util as _public_siu
+# What has no public equivalent on every supported version (0.10-0.12) comes from jax._src; each
+# use says why (the list is in docs/testing.md, "What still needs jax._src").
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
@@ -26,9 +30,9 @@ ClosedJaxpr = jex.ClosedJaxpr
 JaxprEqn = jex.JaxprEqn
 Primitive = jex.Primitive
 JaxprTypeError = jex.JaxprTypeError
-Tracer = _core.Tracer
-ShapedArray = _core.ShapedArray
-no_effects = _core.no_effects
+Tracer = jax.core.Tracer
+ShapedArray = jax.core.ShapedArray
+no_effects = jex.no_effects
 new_jaxpr_eqn = jex.new_jaxpr_eqn
 jaxpr_as_fun = jex.jaxpr_as_fun
 
@@ -40,11 +44,12 @@ def get_aval(x: Any):
 
 def check_jaxpr(closed: ClosedJaxpr) -> None:
     """Type-check a jaxpr (raises JaxprTypeError)."""
-    _core.check_jaxpr(closed.jaxpr)
+    jex.check_jaxpr(closed.jaxpr)
 
 
 def eval_jaxpr(closed: ClosedJaxpr, *args):
-    """Evaluate by binding each primitive: runs under whatever trace is active."""
+    """Evaluate by binding each primitive: runs under whatever trace is active. (jax._src: the public
+    `jaxpr_as_fun` also turns `jax_debug_nans` off while it runs, which would hide a user's NaN check.)"""
     return _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
 
 
@@ -65,20 +70,15 @@ def retarget_effect(eff, var):
 
 
 def is_literal(x) -> bool:
-    return isinstance(x, _core.Literal)
+    return isinstance(x, jex.Literal)
 
 
 def is_dropvar(x) -> bool:
-    return isinstance(x, _core.DropVar)
+    return isinstance(x, jex.DropVar)
 
 
 def is_ref_aval(aval) -> bool:
-    return isinstance(aval, _state_types().AbstractRef)
-
-
-def _state_types():
-    from jax._src.state import types
-    return types
+    return isinstance(aval, jax.ref.AbstractRef)
 
 
 def source_summary(source_info) -> str:
@@ -86,7 +86,7 @@ def source_summary(source_info) -> str:
     if source_info is None:
         return ""
     try:
-        return _siu.summarize(source_info)
+        return _public_siu.summarize(source_info)
     except Exception:
         return ""
 
@@ -103,7 +103,7 @@ def user_frame(source_info):
 
 def new_source_info():
     """Source info for the code that is calling now (used for nodes built by hand)."""
-    return _siu.current()
+    return _public_siu.current()
 
 
 def abstract_eval(prim: Primitive, avals, params):
@@ -145,14 +145,15 @@ def primitive(name: str) -> Primitive:
     return prims[name]
 
 
-def discharge_state(closed: ClosedJaxpr) -> ClosedJaxpr:
+def discharge_state(closed: ClosedJaxpr, should_discharge=True) -> ClosedJaxpr:
     """Turn Ref-using code (new_ref/get/swap/addupdate, refs in loops) into pure code.
 
     Ref *inputs* become extra outputs holding their final values (JAX's
     convention); a jaxpr whose refs are all internal keeps its signature.
+    `should_discharge` (one bool per input) limits this to some Ref inputs.
     """
     from jax._src.state import discharge
-    return discharge.discharge_state(closed)
+    return discharge.discharge_state(closed, should_discharge=should_discharge)
 
 
 def is_unspecified(sharding) -> bool:
@@ -371,3 +372,82 @@ def as_output(x, aval):
     from jax._src.lax import lax as _lax
     import numpy as np
     return _lax._convert_element_type(x, np.dtype(aval.dtype), getattr(aval, "weak_type", False))
+
+
+# ---- loops over refs (JAX 0.12's `Scan3`) -------------------------------------
+
+HI_PRIMITIVE = "call_hi_primitive"
+"""0.12+: the one primitive behind every `hijax.HiPrim` (Scan3, RematTraced, ...); the object
+itself rides in the `_prim` param."""
+
+
+def scan3_loop(params: dict):
+    """For a `Scan3` equation (jax_scan3 on, 0.12+): (extensives, length, body, reverse, unroll),
+    body a ClosedJaxpr `(*operands sliced where extensive) -> ys[t]` whose Ref operands are the
+    carries; None for anything else (and on versions without Scan3)."""
+    prim = params.get("_prim")
+    if prim is None:
+        return None
+    try:
+        from jax._src.lax.control_flow.loops import Scan3
+    except ImportError:
+        return None
+    if type(prim) is not Scan3:
+        return None
+    body = prim.jaxpr
+    if not isinstance(body, ClosedJaxpr):
+        body = ClosedJaxpr(body, ())
+    return list(prim.extensives), int(prim.length), body, bool(prim.reverse), prim.unroll
+
+
+def has_scan3(jaxpr) -> bool:
+    """Does this (closed) jaxpr hold a Scan3 at any depth? Read off the equations, no Graph built."""
+    for eqn in jaxpr.eqns:
+        if scan3_loop(eqn.params) is not None:
+            return True
+        if any(has_scan3(sub) for sub in jex.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+LOOP_FLAGS = ("jax_scan3", "jax_remat3")
+"""JAX 0.12's opt-in loop and remat rebuilt on refs (jax-ml/jax PR 36435); absent before 0.12."""
+
+
+def loop_flags() -> dict[str, bool]:
+    """The flags of LOOP_FLAGS this JAX has, with their current values."""
+    return {f: bool(getattr(jax.config, f)) for f in LOOP_FLAGS if hasattr(jax.config, f)}
+
+
+@contextlib.contextmanager
+def classic_loops():
+    """jaxform's own tracing (a pass re-tracing a loop under `jax.checkpoint`, the planner's gradient
+    view) builds `scan`/`checkpoint` equations, which every JAX version can differentiate and batch:
+    0.12's `Scan3` has no vjp or batching rule yet. User code is never traced under this."""
+    from jax._src import config as _config
+    states = [getattr(_config, f[len("jax_"):]) for f in loop_flags()]
+    with contextlib.ExitStack() as stack:
+        for st in states:
+            stack.enter_context(st(False))
+        yield
+
+
+@functools.cache
+def _scan_param_names() -> frozenset:
+    import numpy as np
+    from jax import lax
+    with classic_loops():
+        j = jax.make_jaxpr(lambda c, x: lax.scan(lambda c, x: (c, x), c, x))(np.float32(0), np.zeros(1, np.float32))
+    (eqn,) = [e for e in j.eqns if e.primitive.name == "scan"]
+    return frozenset(canonical_params(eqn.primitive, eqn.params))
+
+
+def scan_params(*, length: int, reverse: bool, unroll, num_consts: int, num_carry: int, num_operands: int) -> dict:
+    """Canonical params of a new `scan` node (its body goes in as the region), for the running JAX."""
+    p = dict(length=length, reverse=reverse, unroll=unroll, num_consts=num_consts, num_carry=num_carry)
+    names = _scan_param_names()
+    if "linear" in names:
+        p["linear"] = (False,) * num_operands
+    if "_split_transpose" in names:
+        p["_split_transpose"] = False
+    return p

@@ -198,6 +198,13 @@ def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "
     `check_jaxpr` on the fast path (the signature is still checked).
     """
     passes = [_passes.get(p) for p in passes]
+    with _jax.classic_loops():    # what passes trace themselves (remat's checkpointed scans) stays `scan`
+        return _run_passes(closed, passes, strict, where, on_change)
+
+
+def _run_passes(closed, passes, strict, where, on_change):
+    if _passes.scans_from_ref_loops not in passes and _jax.has_scan3(closed):
+        passes = [_passes.scans_from_ref_loops, *passes]   # JAX 0.12's Scan3 as the scan loop passes know
     check = os.environ.get("JAXFORM_CHECK", "")
     if not strict and on_change is None and check != "1":
         try:
@@ -347,8 +354,11 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         cacheable = not any(isinstance(c, _jax.Tracer) for c in closed.consts)
         if not planned:
             return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable
-        chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
-                            example_args=args_leaves[0] if args_leaves else None)
+        if _jax.has_scan3(closed):   # planned from the scans they are
+            closed = run_passes(closed, [_passes.scans_from_ref_loops], strict=strict, where=name)
+        with _jax.classic_loops():
+            chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
+                                example_args=args_leaves[0] if args_leaves else None)
         decisions[:] = chosen.decisions
         return chosen.closed, out_tree, cacheable
 

@@ -4,6 +4,17 @@ import os
 os.environ.setdefault("JAXFORM_CHECK", "1")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+if os.environ.get("JAXFORM_TEST_SCAN3") == "1":
+    # `make test-scan3`: the loop-pass tests with JAX's loops and remat on refs (jax_scan3, jax_remat3),
+    # as the day JAX turns them on by default. A JAX without the flags has nothing to test here: say so.
+    import jax
+    from jaxform import _jax
+    missing = [f for f in _jax.LOOP_FLAGS if f not in _jax.loop_flags()]
+    if missing:
+        raise RuntimeError(f"JAXFORM_TEST_SCAN3=1, but JAX {jax.__version__} has no {', '.join(missing)}")
+    for _flag in _jax.LOOP_FLAGS:
+        jax.config.update(_flag, True)
+
 
 def pytest_terminal_summary(terminalreporter, config):
     """Print the fuzzing report (tests/fuzz/report.py). Here, not in tests/fuzz/conftest.py: under

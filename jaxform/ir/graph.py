@@ -217,8 +217,10 @@ class Graph:
                      literal=np.array(value, dtype)[()])
 
     def add(self, prim, inputs: Sequence[Value], params: dict | None = None, *,
-            regions: dict | None = None, out_avals=None, source_info=None, ctx=None) -> Node:
-        """Append a new node; output avals come from abstract evaluation unless given.
+            regions: dict | None = None, out_avals=None, source_info=None, ctx=None,
+            before: Node | None = None) -> Node:
+        """Append a new node (or insert it `before` one: where an effectful node must keep its
+        place in the effect order); output avals come from abstract evaluation unless given.
 
         A pass that rebuilds or moves a node passes its `source_info` and `ctx`
         (the equation context: threefry mode, compute type, mesh, XLA metadata)
@@ -238,7 +240,11 @@ class Graph:
         node.outputs = [Value(a, node, i) for i, a in enumerate(avals)]
         node.effects = tuple((e, inputs[t] if isinstance(t := _jax.input_effect_target(e), int) else None)
                              for e in effs)
-        self._nodes.append(node)
+        if before is None:
+            self._nodes.append(node)
+        else:
+            nodes = self.nodes
+            nodes.insert(nodes.index(before), node)
         return node
 
     def append(self, node: Node) -> Node:

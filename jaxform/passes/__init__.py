@@ -13,13 +13,34 @@ from ..ir import Graph
 PASSES: dict[str, Callable[[Graph], Graph]] = {}
 
 
-def register(name: str | None = None, *, exact: bool = True):
-    """Register `fn(graph) -> graph` as a pass (sets `fn.pass_name`, `fn.exact`)."""
+def register(name: str | None = None, *, exact: bool = True, loops: bool = False):
+    """Register `fn(graph) -> graph` as a pass (sets `fn.pass_name`, `fn.exact`).
+
+    loops=True: a loop pass; loops over refs (JAX's Scan3) are first read as the scans they stand
+    for (`state.ref_loops`), so the pass sees them when called on a Graph directly too, and loops
+    it traces itself are built with jax_scan3/jax_remat3 off (`_jax.classic_loops`).
+    """
     def wrap(fn):
+        if loops:
+            fn = _reading_ref_loops(fn)
         fn.pass_name, fn.exact = name or fn.__name__, exact
         PASSES[fn.pass_name] = fn
         return fn
     return wrap
+
+
+def _reading_ref_loops(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def run(graph: Graph, *args, **kwargs) -> Graph:
+        from ..state.ref_loops import has_ref_loops, scans_from_ref_loops
+        from .. import _jax
+        if has_ref_loops(graph):
+            graph = scans_from_ref_loops(graph)
+        with _jax.classic_loops():   # loops the pass traces itself are scans (see run_passes)
+            return fn(graph, *args, **kwargs)
+    return run
 
 
 from .dce import dce  # noqa: E402
@@ -32,6 +53,10 @@ from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
 from .residual_stacks import thin_residuals  # noqa: E402
+from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
+
+# Loops over refs (JAX 0.12's Scan3 under jax_scan3) read as scans; `run_passes` puts it first by itself.
+register("scans_from_ref_loops", exact=True)(scans_from_ref_loops)
 
 # Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop

@@ -53,7 +53,7 @@ MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 BATCH_MATMULS: bool | None = None
 
 
-@register(exact=False)
+@register(exact=False, loops=True)
 def fission(graph: Graph) -> Graph:
     """Move the carry-free work of every scan body in front of its loop, batched over the steps."""
     for node in list(graph.nodes):

@@ -46,7 +46,7 @@ TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "t
 PEEL = frozenset({"remat2", "checkpoint"}) | CALLS   # calls of every JAX version (regions.CALLS)
 
 
-@register(exact=True)
+@register(exact=True, loops=True)
 def hoist_loop_invariants(graph: Graph) -> Graph:
     """Move loop-invariant work out of scan/while bodies and shared work out of cond branches.
 
@@ -327,7 +327,7 @@ LINEAR_FIRST = frozenset({"neg", "transpose", "reshape", "reduce_sum", "broadcas
 LINEAR_ONE = frozenset({"mul", "dot_general"})          # linear in one operand, the other a loop constant
 
 
-@register(exact=False)
+@register(exact=False, loops=True)
 def sum_then_pull_back(graph: Graph) -> Graph:
     """Rewrite a scan carry `acc + L(m_t)`, L linear with loop-constant coefficients, as `acc + L(sum_t m_t)`.
 

@@ -103,7 +103,7 @@ def _chunk(length: int) -> int:
     return min(near, key=lambda d: abs(d - root)) if near else max(1, math.ceil(root))
 
 
-@register(exact=False)
+@register(exact=False, loops=True)
 def remat_loops(graph: Graph, memory="auto") -> Graph:
     """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget)."""
     if memory is None:

@@ -48,7 +48,7 @@ CHEAP = frozenset({"add", "add_any", "sub", "mul", "neg", "square", "integer_pow
 MAX_RECOMPUTE = 8   # nodes per recomputed residual
 
 
-@register()
+@register(loops=True)
 def thin_residuals(graph: Graph) -> Graph:
     """Drop the stacks a consumer loop can rebuild per step (see the module docstring)."""
     for node in list(graph.nodes):

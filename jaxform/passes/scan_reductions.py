@@ -95,7 +95,7 @@ COMPENSATE_UP_TO = 1024
 DEFER = {"cpu": True, "gpu": True, "cuda": True, "rocm": True}
 
 
-@register(exact=False)
+@register(exact=False, loops=True)
 def fuse_scan_reductions(graph: Graph, defer: bool | None = None) -> Graph:
     """Move step-by-step consumers of scan `ys` into the body; reductions over steps become carries."""
     if defer is None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.separability import AXES_REDUCTIONS, ELEMENTWISE, UNARY
 from ..ir.sizes import nbytes
@@ -104,7 +105,7 @@ def _fmt(n: float) -> str:
 
 
 def has_loops(g: Graph) -> bool:
-    return any(n.name in LOOPS for n, _ in g.walk())
+    return any(n.name in LOOPS or _jax.scan3_loop(n.params) is not None for n, _ in g.walk())
 
 
 # ---- memory ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from jax import lax
 
 import jaxform
+from jaxform import _jax
 from jaxform.ir import Graph
 from jaxform.optimize import run_passes
 from jaxform.passes import DEFAULT
@@ -256,12 +257,21 @@ PROGRAMS = {f.__name__: f for f in (flax_rnn_ce, flax_scan_lstm_ce, flax_batch_m
                                      seq2seq_decoder, hmm_filter, hmm_two_filter, s4_scan_ssm, kalman_filter,
                                      s4_vmap_targets)}
 EXPECTED_UNFUSED: set[str] = set()   # programs where the pipeline is expected not to fuse (documented)
+# With jax_scan3 on (`make test-scan3`): what JAX itself cannot trace, or runs differently, on JAX 0.12
+SCAN3_LIMITS = {"equinox_gru_vmap": "JAX cannot vmap a Scan3 (no batch rule)",
+                "s4_vmap_targets": "JAX cannot vmap a Scan3 (no batch rule)",
+                "hmm_two_filter": "a reverse Scan3, which JAX runs forward: jaxform keeps it as it is"}
+
+
+def scan3_limited() -> dict[str, str]:
+    return SCAN3_LIMITS if _jax.loop_flags().get("jax_scan3") else {}
 
 
 def stacked_outputs(closed, length_of=None) -> list:
     """Shapes of the ys of every scan (at any depth)."""
-    return [tuple(o.aval.shape) for n, _ in Graph.from_jaxpr(closed).walk() if n.name == "scan"
-            for o in n.outputs[n.params["num_carry"]:]]
+    return [tuple(o.aval.shape) for n, _ in Graph.from_jaxpr(closed).walk()
+            for o in (n.outputs[n.params["num_carry"]:] if n.name == "scan" else
+                      n.outputs if _jax.scan3_loop(n.params) else ())]   # jax_scan3: every output is a ys
 
 
 @functools.cache
@@ -277,6 +287,8 @@ def fuses(name) -> tuple[bool, list, list]:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_real_program_fuses(name):
     """The default pipeline fuses; the jitted value matches (gradients and vmap: the slow test below)."""
+    if name in scan3_limited():
+        pytest.skip(f"jax_scan3: {SCAN3_LIMITS[name]}")
     loss, args = PROGRAMS[name]()
     did, before, after = fuses(name)
     assert did != (name in EXPECTED_UNFUSED), (before, after)
@@ -293,4 +305,5 @@ def test_real_program_same(name):
 
 
 def test_fuses_on_at_least_8():
-    assert sum(fuses(n)[0] for n in PROGRAMS) >= 8
+    limited = scan3_limited()
+    assert sum(fuses(n)[0] for n in PROGRAMS if n not in limited) >= 8 - len(limited)
