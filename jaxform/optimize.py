@@ -27,6 +27,7 @@ from . import passes as _passes
 from . import plan as _plan
 from .passes.remat_loops import check_memory, with_memory as remat_with_memory
 from .passes.while_grad import check_max_steps, with_options as while_grad_with
+from .passes.remat_program import with_memory as remat_program_with
 
 
 class PassError(RuntimeError):
@@ -268,8 +269,9 @@ def _check_bound(api: str, fn, memory, exact, max_steps) -> None:
 
 def _memory_passes(memory, max_steps, name: str) -> list:
     """What `memory=` appends to a pipeline: while loops made differentiable within a bound, then loop
-    memory planning (which then also plans the bounded loops' enclosing scans)."""
-    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory)]
+    memory planning (which then also plans the bounded loops' enclosing scans), then segment
+    checkpointing of programs without loops."""
+    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory), remat_program_with(memory)]
 
 
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,

@@ -32,6 +32,8 @@ from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
 from .residual_stacks import thin_residuals  # noqa: E402
+from .while_grad import while_grad  # noqa: E402
+from .remat_program import remat_program  # noqa: E402
 
 # Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop
