@@ -41,27 +41,36 @@ from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
 from . import register
 
-SEGMENTS = (2, 3, 4, 6, 8, 12, 16)
+SEGMENTS = (2, 4, 8, 16)    # each candidate costs a compile of its gradient
+ALL_WRAPPED = (4, 8)        # ... and these with the last segment checkpointed too
 MIN_EQNS_PER_SEGMENT = 4
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
-POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "dots": jax.checkpoint_policies.dots_saveable}
+POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.checkpoint_policies.nothing_saveable,
+            "dots": jax.checkpoint_policies.dots_saveable}
 
 
 @register(exact=False)
-def remat_program(graph: Graph, memory=None) -> Graph:
-    """Checkpoint segments of a loop-free program to fit `memory` ("min" or bytes) under grad."""
-    if memory is None or memory == "auto" or not _eligible(graph):
+def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> Graph:
+    """Checkpoint segments of a loop-free program to fit `memory` ("min" or bytes) under grad.
+
+    schedule=(policy, k) forces one candidate without measuring (the fuzzer's way to reach every one).
+    """
+    if (memory is None or memory == "auto") and schedule is None or not _eligible(graph):
         return graph
     closed = graph.to_jaxpr()
+    if schedule is not None:
+        policy, k = schedule
+        return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
     choice = choose(closed, memory)
     if choice is None:
         return graph
     return Graph.from_jaxpr(choice[1])
 
 
-def with_memory(memory):
-    p = functools.partial(remat_program, memory=memory)
-    p.pass_name, p.exact = f"remat_program(memory={memory!r})", False
+def with_memory(memory, schedule: tuple | None = None):
+    """`remat_program` with fixed options, as a pass (what `optimize(memory=...)` appends)."""
+    p = functools.partial(remat_program, memory=memory, schedule=schedule)
+    p.pass_name, p.exact = f"remat_program(memory={memory!r}" + (f", schedule={schedule!r})" if schedule else ")"), False
     return p
 
 
@@ -130,8 +139,9 @@ def boundaries(jaxpr, k: int) -> list[int]:
 
 
 def checkpointed(closed, bounds: list[int], policy: str):
-    """`closed` with its equations cut at `bounds`; segments under `jax.checkpoint(policy)` (with
-    "nothing", the last segment is not: its backward runs right after it)."""
+    """`closed` with its equations cut at `bounds`; segments under `jax.checkpoint(policy)`: "dots"
+    (`dots_saveable`), "all" (`nothing_saveable`) or "nothing" (the same, but the last segment is left
+    plain: its backward runs right after it, so recomputing it buys little)."""
     jaxpr = closed.jaxpr
     eqns, n = jaxpr.eqns, len(jaxpr.eqns)
     edges = [0, *bounds, n]
@@ -158,7 +168,7 @@ def checkpointed(closed, bounds: list[int], policy: str):
         env.update(zip(jaxpr.invars, args))
         for i, sub in enumerate(segs):
             fn = functools.partial(_jax.eval_jaxpr, sub)
-            if policy == "dots" or i < len(segs) - 1:
+            if policy != "nothing" or i < len(segs) - 1:
                 fn = jax.checkpoint(fn, policy=pol)
             env.update(zip(sub.jaxpr.outvars, fn(*[env[v] for v in sub.jaxpr.invars])))
         return [v.val if _jax.is_literal(v) else env[v] for v in jaxpr.outvars]
@@ -178,6 +188,8 @@ def candidates(closed):
         if b and b not in seen:
             seen.add(b)
             out.append((f"nothing, {len(b) + 1} segments", checkpointed(closed, list(b), "nothing")))
+            if k in ALL_WRAPPED:
+                out.append((f"all, {len(b) + 1} segments", checkpointed(closed, list(b), "all")))
     return out
 
 
