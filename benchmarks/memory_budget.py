@@ -8,7 +8,10 @@ a whole step's temp is smaller, as XLA parks activations in the new parameters' 
 output buffers); the loss is `optimize(loss, memory=budget)` (`jax.grad(optimize(f))`). Memory is
 XLA's `memory_analysis().temp_size_in_bytes`; time is min-of-N wall time, the versions taking turns; "err" is the largest
 difference of the loss and updated parameters from the plain step's.
-Run: .venv/bin/python benchmarks/memory_budget.py [--quick]
+(c) jax.grad through a data-dependent while loop (`max_steps`): gradient temp memory and time at three
+trip counts and three bounds, against plain JAX's gradient of the same loop as a scan of its actual
+length (which needs the trip count known in advance).
+Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while]
 """
 import sys
 import time
@@ -153,7 +156,54 @@ def run(name, setup):
               f"{t / times[0]:8.2f} {e:9.2e}  {note}")
 
 
+# ---- (c) grad through a while loop --------------------------------------------------------
+
+def while_fixed_point(W, tol):
+    """x <- tanh(sin(x) @ W + b) until the step is under tol (a data-dependent trip count)."""
+    def f(b):
+        def body(c):
+            i, x, _ = c
+            x2 = jnp.tanh(jnp.sin(x) @ W + b)
+            return i + 1, x2, jnp.max(jnp.abs(x2 - x))
+        _, x, _ = jax.lax.while_loop(lambda c: c[2] > tol, body, (0, jnp.zeros_like(b), jnp.float32(1.0)))
+        return jnp.sum(x ** 2)
+    return f
+
+
+def run_while():
+    r = np.random.RandomState(0)
+    b = jnp.asarray(r.randn(64, 256), np.float32)
+    print("\n(c) jax.grad through a while_loop (fixed point x <- tanh(sin(x) @ W + b), carry 64x256 f32 = 64 KiB)")
+    print(f"{'W scale':>8s} {'trips':>6s} {'max_steps':>9s} {'grad MiB':>9s} {'ms':>8s}   scan of the actual length: "
+          f"{'MiB':>7s} {'ms':>7s}  err")
+    for scale, bound in ((0.05, 1000), (0.08, 1000), (0.1, 1000), (0.1, 100), (0.1, 10000)):
+        W = jnp.asarray(np.random.RandomState(1).randn(256, 256) * scale, np.float32)
+        f = while_fixed_point(W, 1e-5)
+
+        def counted(b):
+            def body(c):
+                i, x, _ = c
+                x2 = jnp.tanh(jnp.sin(x) @ W + b)
+                return i + 1, x2, jnp.max(jnp.abs(x2 - x))
+            return jax.lax.while_loop(lambda c: c[2] > 1e-5, body, (0, jnp.zeros_like(b), jnp.float32(1.0)))[0]
+        n = int(jax.jit(counted)(b))
+        if n > bound:
+            continue
+
+        def scan_f(b):
+            x = jax.lax.scan(lambda x, _: (jnp.tanh(jnp.sin(x) @ W + b), None), jnp.zeros_like(b), None, length=n)[0]
+            return jnp.sum(x ** 2)
+        ours = jax.jit(jax.grad(jaxform.optimize(f, memory="min", max_steps=bound)))
+        ref = jax.jit(jax.grad(scan_f))
+        t = min_time([ours, ref], (b,), REPS)
+        e = float(jnp.max(jnp.abs(ours(b) - ref(b))))
+        print(f"{scale:8.2f} {n:6d} {bound:9d} {temp(ours, b) / MiB:9.2f} {t[0] * 1e3:8.1f}   "
+              f"{'':26s} {temp(ref, b) / MiB:7.2f} {t[1] * 1e3:7.1f}  {e:.1e}")
+
+
 if __name__ == "__main__":
     print(f"jax {jax.__version__}, {jax.default_backend()}")
-    run("a", mlp_setup)
-    run("b", lm_setup)
+    if "--while" not in sys.argv:
+        run("a", mlp_setup)
+        run("b", lm_setup)
+    run_while()

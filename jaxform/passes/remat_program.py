@@ -16,7 +16,8 @@ them in `jax.checkpoint`:
 Each candidate's gradient program (the one `jax.grad` would run) is compiled and its
 memory read from XLA's `memory_analysis()`; its time is the planner's cost model's
 (`plan.cost`, roofline seconds, recomputation included). `"min"` takes the least
-memory; a budget the fastest candidate that fits, else the least memory. (The cost
+memory; a budget the fastest candidate that fits, else (with a warning) the least memory
+if it saves at least 25%, else nothing (recomputing for a few percent only costs time). (The cost
 model's liveness estimate ranked checkpointed gradients wrongly, off by up to 2x on
 an MLP, so memory is measured: a few compiles, paid only when a budget is given.)
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import numpy as np
@@ -41,6 +43,7 @@ from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
 from . import register
 
+MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
 SEGMENTS = (2, 4, 8, 16)    # each candidate costs a compile of its gradient
 ALL_WRAPPED = (4, 8)        # ... and these with the last segment checkpointed too
 MIN_EQNS_PER_SEGMENT = 4
@@ -219,10 +222,18 @@ def choose(closed, memory):
     if not scored:
         return None
     least = min(scored, key=lambda s: (s[2], s[3]))
-    if memory == "min":
-        return least
-    fits = [s for s in scored if s[2] <= memory]
-    return min(fits, key=lambda s: (s[3], s[2])) if fits else least
+    fits = [s for s in scored if memory == "min" or s[2] <= memory]
+    if fits:
+        return least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))
+    useful = least[2] <= (1 - MIN_SAVING) * plain
+    warnings.warn(
+        f"jaxform: remat_program cannot fit this program's gradient in memory={memory} bytes "
+        f"({memory / 2 ** 20:.2f} MiB): plain {plain / 2 ** 20:.2f} MiB, the least any segment checkpointing "
+        f"reaches is {least[2] / 2 ** 20:.2f} MiB ({least[0]}); " +
+        ("using that." if useful else f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation).")
+        + " A smaller batch, or memory='min', or jax.checkpoint by hand where XLA does not reuse "
+          "buffers (docs/remat.md).", stacklevel=2)
+    return least if useful else None
 
 
 __all__ = ["remat_program", "with_memory", "choose", "candidates", "checkpointed", "boundaries"]
