@@ -7,9 +7,10 @@ equations into k contiguous segments at narrow points (where the bytes alive
 across the cut are least: a layer's output, not its hidden activations) and wraps
 them in `jax.checkpoint`:
 
-    nothing, k  every segment but the last under `nothing_saveable`: AD stores the
-                values crossing the k - 1 cuts, and the backward pass recomputes one
-                segment at a time (one extra forward, the last segment's skipped)
+    all, k      every segment under `nothing_saveable`: AD stores the values crossing
+                the k - 1 cuts, and the backward pass recomputes one segment at a time
+    nothing, k  the same with the last segment left plain (its backward runs right
+                after it: recomputing it buys little)
     dots        the whole program under `checkpoint_dots` (`dots_saveable`): matmul
                 results are stored, the elementwise work between them recomputed
 
@@ -44,8 +45,7 @@ from ..ir.sizes import nbytes
 from . import register
 
 MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
-SEGMENTS = (2, 4, 8, 16)    # each candidate costs a compile of its gradient
-ALL_WRAPPED = (4, 8)        # ... and these with the last segment checkpointed too
+GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
 MIN_EQNS_PER_SEGMENT = 4
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.checkpoint_policies.nothing_saveable,
@@ -180,20 +180,20 @@ def checkpointed(closed, bounds: list[int], policy: str):
 
 
 def candidates(closed):
-    """(name, program) for each schedule worth predicting."""
+    """(name, program) for each schedule worth measuring, the likeliest first (a generator: each is
+    traced only when asked for)."""
     n = len(closed.jaxpr.eqns)
-    out = [("dots", checkpointed(closed, [], "dots"))]
+    order = [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
     seen = set()
-    for k in SEGMENTS:
-        if n < k * MIN_EQNS_PER_SEGMENT:
-            break
-        b = tuple(boundaries(closed.jaxpr, k))
-        if b and b not in seen:
-            seen.add(b)
-            out.append((f"nothing, {len(b) + 1} segments", checkpointed(closed, list(b), "nothing")))
-            if k in ALL_WRAPPED:
-                out.append((f"all, {len(b) + 1} segments", checkpointed(closed, list(b), "all")))
-    return out
+    for policy, k in order:
+        if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:
+            continue
+        b = tuple(boundaries(closed.jaxpr, k)) if k > 1 else ()
+        if (k > 1 and not b) or (policy, b) in seen:
+            continue
+        seen.add((policy, b))
+        name = "checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments"
+        yield name, checkpointed(closed, list(b), policy)
 
 
 def xla_grad_temp(closed) -> int | None:
@@ -214,11 +214,14 @@ def choose(closed, memory):
     plain = xla_grad_temp(closed)
     if plain is None or (not isinstance(memory, str) and plain <= memory):
         return None
-    scored = []
+    scored, tried = [], 0
     for name, prog in candidates(closed):
         m = xla_grad_temp(prog)
+        tried += 1
         if m is not None and m < plain:
             scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0))
+        if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
+            break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
     if not scored:
         return None
     least = min(scored, key=lambda s: (s[2], s[3]))
