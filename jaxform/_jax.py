@@ -450,4 +450,23 @@ def scan_params(*, length: int, reverse: bool, unroll, num_consts: int, num_carr
         p["linear"] = (False,) * num_operands
     if "_split_transpose" in names:
         p["_split_transpose"] = False
+
+# ---- a primitive of jaxform's own: a tangent guard whose transpose raises ---------------
+
+@functools.cache
+def transpose_error_primitive():
+    """`guard_p.bind(t, message=...)`: the identity (evaluation, jvp, vmap, lowering) whose transpose
+    raises `message`. Put on a tangent, it lets forward mode through and stops reverse mode with an error
+    that teaches (JAX's `linear_call` has no batching rule; a custom_vjp would stop forward mode)."""
+    from jax.interpreters import ad, batching, mlir
+
+    p = jex.Primitive("jaxform_no_transpose")
+    p.def_impl(lambda x, *, message, error: x)
+    p.def_abstract_eval(lambda x, *, message, error: x)
+
+    def transpose(ct, x, *, message, error):
+        raise error(message)
+    ad.deflinear2(p, transpose)
+    batching.primitive_batchers[p] = lambda args, dims, **kw: (p.bind(*args, **kw), dims[0])
+    mlir.register_lowering(p, lambda ctx, x, **kw: [x])
     return p

@@ -26,6 +26,8 @@ from .ir.graph import gc_paused
 from . import passes as _passes
 from . import plan as _plan
 from .passes.remat_loops import check_memory, with_memory as remat_with_memory
+from .passes.while_grad import check_max_steps, with_options as while_grad_with
+from .passes.remat_program import with_memory as remat_program_with
 
 
 class PassError(RuntimeError):
@@ -252,7 +254,7 @@ def _pipeline(passes, exact: bool) -> list:
     return [p for p in pipeline if getattr(p, "exact", False)] if exact else pipeline
 
 
-def _check_options(api: str, fn, *, exact, strict, memory, tune=False) -> None:
+def _check_options(api: str, fn, *, exact, strict, memory, tune=False, max_steps=None) -> None:
     """Every option checked when `optimize` is called, not when a pass first runs (which would skip
     the pass with a warning and run the program unplanned while the user believes planning is on)."""
     for name, v in (("exact", exact), ("strict", strict), ("tune", tune)):
@@ -260,11 +262,29 @@ def _check_options(api: str, fn, *, exact, strict, memory, tune=False) -> None:
             raise TypeError(f"{api}({_fn_name(fn)}): {name} must be True or False, got {type(v).__name__} {v!r}")
     if not (isinstance(memory, str) and memory == "default"):
         check_memory(memory, f"{api}({_fn_name(fn)})")
+    check_max_steps(max_steps, f"{api}({_fn_name(fn)})")
+
+
+def _check_bound(api: str, fn, memory, exact, max_steps) -> None:
+    """max_steps with planning off would be ignored: the user believes while loops are differentiable."""
+    if max_steps is not None and (memory is None or exact):
+        raise ValueError(f"{api}({_fn_name(fn)}): max_steps={max_steps} bounds while loops for reverse-mode "
+                         f"gradients, which memory planning does: it needs memory='auto', 'min' or a byte budget "
+                         f"and exact=False (memory is None by default when passes=[...] is given), got "
+                         f"memory={memory!r}, exact={exact!r}")
+
+
+def _memory_passes(memory, max_steps, name: str) -> list:
+    """What `memory=` appends to a pipeline: while loops made differentiable within a bound, then loop
+    memory planning (which then also plans the bounded loops' enclosing scans), then segment
+    checkpointing of programs without loops."""
+    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory), remat_program_with(memory)]
 
 
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] | None = None,
-             static_argnames: str | Sequence[str] | None = None, memory="default", tune: bool = False) -> Callable:
+             static_argnames: str | Sequence[str] | None = None, memory="default", tune: bool = False,
+             max_steps: int | None = None) -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
     The default pipeline is planned (`jaxform.plan`, docs/planner.md): each loop rewrite a pass
@@ -286,12 +306,18 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     memory: what loops remember under grad (`passes.remat_loops`, docs/remat.md): None
         (everything, as JAX does), "auto" (remat a scan body where that at least halves its
         stored bytes and the recomputation is cheap), "min" (two-level √L checkpointing) or a
-        byte budget for the gradient's loop residuals. Default: "auto" with the default
+        byte budget for the gradient's loop residuals. A program without loops is checkpointed in
+        segments under "min" or a budget (XLA-measured to fit; `passes.remat_program`), never under
+        "auto". Default: "auto" with the default
         pipeline, None when `passes` is given or exact=True (remat is not bit-exact).
     tune: where the cost model cannot tell two candidate programs apart, time both on the
         device at the first call for a signature (interleaved, min of N, with a noise margin)
         and keep the faster; verdicts are cached on disk (`JAXFORM_TUNE_CACHE`, default
         ~/.cache/jaxform/tune), so a later process pays nothing. Default pipeline only.
+    max_steps: an upper bound on the trip count of the `lax.while_loop`s in `fn`, so that `jax.grad` can
+        differentiate them (JAX alone cannot): each becomes a bounded scan under `grad` only, its memory
+        planned like a scan's; a gradient past the bound is NaN (docs/remat.md). A loop whose condition is
+        `i < N` (an integer counter from a literal, +1 per step) needs none. Needs `memory` set.
     `passes=[...]` runs exactly the passes it names, unplanned.
 
     Traces with `jax.jit`'s rules, so tracing errors name `fn` and the argument path.
@@ -302,18 +328,20 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     if fn is None:
         return functools.partial(optimize, passes=passes, exact=exact, strict=strict,
                                  static_argnums=static_argnums, static_argnames=static_argnames, memory=memory,
-                                 tune=tune)
+                                 tune=tune, max_steps=max_steps)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
-    _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune)
+    _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune,
+                   max_steps=max_steps)
     planned = passes is None
     pipeline = _pipeline(passes, exact)
     if memory == "default":
         memory = "auto" if passes is None else None
-    if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
-        pipeline.append(remat_with_memory(memory))   # (not exact: XLA fuses recomputed ops anew)
-    static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
+    _check_bound("jaxform.optimize", fn, memory, exact, max_steps)
     name = _fn_name(fn)
+    if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
+        pipeline += _memory_passes(memory, max_steps, name)   # (not exact: XLA fuses recomputed ops anew)
+    static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
     cache: dict = {}
     decisions: list = []
     args_leaves: list = []
@@ -415,7 +443,7 @@ class _Hole:
 
 
 def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
-                    strict: bool = False, memory="default", tune: bool = False) -> Callable:
+                    strict: bool = False, memory="default", tune: bool = False, max_steps: int | None = None) -> Callable:
     """`optimize` with every non-array leaf of the arguments static, like `equinox.filter_jit`.
 
     Array leaves (jax/NumPy arrays and scalars) are traced; all other leaves
@@ -423,17 +451,19 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
     `==` if hashable and by identity otherwise. Each distinct set of static
     leaves is its own cache entry, so an `int` field of a model (a hidden size)
     can drive Python control flow. Tracing errors name `fn` and the argument path.
-    `memory` and `tune` as in `optimize`.
+    `memory`, `tune` and `max_steps` as in `optimize`.
     """
     if fn is None:
         return functools.partial(filter_optimize, passes=passes, exact=exact, strict=strict, memory=memory,
-                                 tune=tune)
+                                 tune=tune, max_steps=max_steps)
     if not callable(fn):
         raise TypeError(f"jaxform.filter_optimize expects a function, got {type(fn).__name__}")
-    _check_options("jaxform.filter_optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune)
+    _check_options("jaxform.filter_optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune,
+                   max_steps=max_steps)
     pipeline = tuple(_pipeline(passes, exact))
     if memory == "default":
         memory = "auto" if passes is None else None
+    _check_bound("jaxform.filter_optimize", fn, memory, exact, max_steps)
     inner_cache: dict = {}
 
     @functools.wraps(fn)
@@ -446,7 +476,7 @@ def filter_optimize(fn: Callable | None = None, passes: Sequence | str | None = 
         inner = inner_cache.get(key)
         if inner is None:
             inner = inner_cache[key] = optimize(_with_statics(fn, leaves), passes, exact=exact, strict=strict,
-                                                memory=memory, tune=tune)
+                                                memory=memory, tune=tune, max_steps=max_steps)
         holed = [l if _is_array(l) else _Hole(i) for i, l in enumerate(leaves)]
         a, k = jax.tree_util.tree_unflatten(tree, holed)
         return inner(*a, **k)

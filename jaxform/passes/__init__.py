@@ -58,6 +58,9 @@ from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
 # Loops over refs (JAX 0.12's Scan3 under jax_scan3) read as scans; `run_passes` puts it first by itself.
 register("scans_from_ref_loops", exact=True)(scans_from_ref_loops)
 
+from .while_grad import while_grad  # noqa: E402
+from .remat_program import remat_program  # noqa: E402
+
 # Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop
 # (the other way round fission would stack cos(xs) and leave fusion nothing); thin_residuals runs once

@@ -72,11 +72,24 @@ class Mismatch(AssertionError):
 PAIRS = {"hoist_loop_invariants>sum_then_pull_back": ["hoist_loop_invariants", "sum_then_pull_back"]}
 
 
-def pipelines(grad: bool = True) -> dict[str, list[str]]:
-    """Every registered pass alone, the default pipeline (read now: passes are added over time), and,
-    for grad programs (`grad`), the PAIRS."""
+def memory_pipelines() -> dict:
+    """What `optimize(memory=...)` appends, per setting: while loops bounded for grad, loop planning, and
+    segment checkpointing of loop-free programs. The segment schedule is forced (no XLA compiles per
+    candidate, which would multiply the fuzzer's time); which one is chosen does not change values."""
+    from jaxform.passes.remat_loops import with_memory as loops
+    from jaxform.passes.remat_program import with_memory as program
+    from jaxform.passes.while_grad import with_options as whiles
+    # memory="auto" is what `while_grad` and `remat_loops` do alone (registered passes, run above)
+    settings = {"memory=min": ("min", ("all", 2)), "memory=0": (0, ("nothing", 3))}
+    return {k: [whiles(m, None, "a fuzz program"), loops(m), program(m, sched)] for k, (m, sched) in settings.items()}
+
+
+def pipelines(grad: bool = True) -> dict[str, list]:
+    """Every registered pass alone, the default pipeline (read now: passes are added over time), each
+    memory setting's passes, and, for grad programs (`grad`), the PAIRS."""
     out = {name: [name] for name in sorted(passes.PASSES)}
     out["DEFAULT"] = list(passes.DEFAULT)
+    out.update(memory_pipelines())
     if grad:
         out.update((k, list(v)) for k, v in PAIRS.items() if all(p in passes.PASSES for p in v))
     return out
@@ -148,8 +161,19 @@ def _close(a, b, kind, who, what, tol):
 _weights = _programs.weights
 
 
-def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True, jit: bool = True):
-    """Per flat jaxpr in `versions`: (values, derivatives, vmapped values), all in one jit."""
+def _no_reverse(e: Exception) -> bool:
+    """JAX's or jaxform's error for reverse-mode differentiation of a while loop without a bound."""
+    from jaxform.passes.while_grad import WhileGradError
+    return isinstance(e, WhileGradError) or "Reverse-mode differentiation does not work" in str(e)
+
+
+def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bool = True, jit: bool = True,
+          full_grad: bool = False):
+    """Per flat jaxpr in `versions`: (values, derivatives, vmapped values), all in one jit.
+
+    full_grad (programs JAX cannot reverse-differentiate: while loops): the derivatives are the whole
+    gradient, by `jax.grad` where the version can (memory planning bounded its while loops) and by
+    `jax.jacfwd` where not (the original): reverse mode through a bounded while checked against forward."""
     stacked = [jnp.stack([x, x * 0.5]) for x in leaves]
     tangents = tuple(jnp.ones_like(x) for x in leaves)
     argnums = tuple(range(len(leaves)))
@@ -165,6 +189,14 @@ def probe(versions, leaves, reverse: bool = True, forward: bool = True, vmap: bo
             d = ()
         elif reverse:
             d = jax.grad(loss, argnums=argnums)(*xs)
+        elif full_grad:
+            try:
+                d = jax.grad(loss, argnums=argnums)(*xs)
+                STATS["while:reverse_mode_checked"] += closed is not versions[0]
+            except Exception as e:  # noqa: BLE001 - only the no-reverse-mode errors fall back
+                if not _no_reverse(e):
+                    raise
+                d = jax.jacfwd(loss, argnums=argnums)(*xs)
         elif forward:
             d = jax.jvp(loss, tuple(xs), tangents)[1]
         else:
@@ -292,7 +324,8 @@ def _check(prog, names, api, collect):
     # the cheap one; reverse over reverse costs ~2x the compile time and JAX 0.10 fails it on some
     # first-order-fine programs (a Ref written in a scan: "DynamicJaxprTracer has no attribute accum").
     diff = dict(reverse=False, forward=prog.forward_diff) if prog.grad else \
-        dict(reverse=prog.reverse_diff, forward=prog.forward_diff)
+        dict(reverse=prog.reverse_diff, forward=prog.forward_diff,
+             full_grad=not prog.reverse_diff and prog.forward_diff and any(f.startswith("while:") for f in prog.features))
     _programs.CALLS.clear()
     want_types = [(a.dtype, a.weak_type) for a in closed.out_avals]
     outs = {}

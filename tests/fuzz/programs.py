@@ -745,7 +745,13 @@ class _Gen:
         lines.append(f"{ind}    return {k.name} + 1, {self._body_result(benv, [cn])[0]}")
         out = V(self.fresh(), c.shape, dtype=c.dtype)
         n = 1 + self.pick(3)
-        lines.append(f"{ind}_, {out.name} = lax.while_loop(lambda s: s[0] < {n}, {name}, "
+        # the trip count: static (`i < n`, a bound memory planning reads), data-dependent under that bound,
+        # or data-dependent with no bound it can read (jax.grad of it then raises jaxform's error)
+        kind = self.pick(3)
+        self.features.add(["while:static", "while:bounded", "while:unbounded"][kind])
+        stop = f"jnp.max(jnp.abs(s[1])) < {1.0 + self.pick(4)}"
+        test = [f"s[0] < {n}", f"(s[0] < {n}) & ({stop})", f"({stop}) & (s[0] * 2 < {2 * n})"][kind]
+        lines.append(f"{ind}_, {out.name} = lax.while_loop(lambda s: {test}, {name}, "
                      f"(0, {self.coerce(c, c.shape, c.dtype)}))")
         return [out]
 

@@ -109,3 +109,30 @@ def test_grad_programs_reach_their_passes(prog, expect):
     assert STATS["grad_program|DEFAULT:changed"] > before["grad_program|DEFAULT:changed"]
     if ">" in expect:   # the last pass of the pair itself changed the first one's output
         assert STATS[f"{expect}:last_changed"] > before[f"{expect}:last_changed"]
+
+
+# A while loop of the generator's form (data-dependent trip count under a static bound) and a
+# loop-free net: the memory pipelines must change them, and the gradient through the bounded while
+# must be checked in reverse mode against jacfwd of the original.
+WHILE_BOUNDED = Program('''def f(x0):
+    def body1(s):
+        k2, c3 = s
+        c3 = jnp.sin(c3 * 1.3) + 0.5 * c3
+        return k2 + 1, c3
+    _, y4 = lax.while_loop(lambda s: (s[0] < 3) & (jnp.max(jnp.abs(s[1])) < 2.0), body1, (0, x0))
+    return y4
+''', ((3,),), reverse_diff=False, features=frozenset({"while:bounded"}))
+NET = Program('''def f(x0, w0, w1):
+    h1 = jnp.tanh(x0 @ w0)
+    h2 = jax.nn.gelu(h1 @ w1) + h1
+    h3 = jnp.tanh(h2 @ w0)
+    h4 = jax.nn.gelu(h3 @ w1) + h3
+    return jnp.sum(h4 * h4)
+''', ((2, 3),), extra=((3, 3), (3, 3)))
+
+
+def test_memory_pipelines_reach_while_loops_and_loop_free_nets():
+    before = STATS.copy()
+    assert {"memory=min", "memory=0", "while_grad"} <= set(check(WHILE_BOUNDED))
+    assert STATS["while:reverse_mode_checked"] > before["while:reverse_mode_checked"]
+    assert {"memory=min", "memory=0"} <= set(check(NET))

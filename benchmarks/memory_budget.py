@@ -1,0 +1,209 @@
+"""remat_program: a byte budget for whole training steps (no loops). Plain vs optimize(memory=budget)
+vs jax.checkpoint placed by hand per block vs checkpoint_dots.
+
+(a) a 4-layer MLP (D=512, B=256) and (b) a small Flax transformer LM (4 blocks, d=128, 4 heads,
+batch 8 x 128 tokens, vocabulary 256), each a train step `value_and_grad(loss)` + Adam update, jitted.
+Budgets are 50% and 25% of the plain gradient's XLA temp memory (`jit(value_and_grad(loss))`:
+a whole step's temp is smaller, as XLA parks activations in the new parameters' and Adam state's
+output buffers); the loss is `optimize(loss, memory=budget)` (`jax.grad(optimize(f))`). Memory is
+XLA's `memory_analysis().temp_size_in_bytes`; time is min-of-N wall time, the versions taking turns; "err" is the largest
+difference of the loss and updated parameters from the plain step's.
+(c) jax.grad through a data-dependent while loop (`max_steps`): gradient temp memory and time at three
+trip counts and three bounds, against plain JAX's gradient of the same loop as a scan of its actual
+length (which needs the trip count known in advance).
+Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while]
+"""
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jaxform
+from jaxform.inspect.program import min_time
+
+QUICK = "--quick" in sys.argv
+REPS = 3 if QUICK else 5
+MiB = 2 ** 20
+DOTS = jax.checkpoint_policies.dots_saveable
+
+
+# ---- (a) MLP -------------------------------------------------------------------------------
+
+def mlp_layer(h, W, b):
+    h = jax.nn.gelu(h @ W + b)
+    return h + 0.1 * jnp.tanh(h)
+
+
+def mlp_loss(wrap):
+    def loss(params, batch):
+        x, y = batch
+        h = x
+        for W, b in params:
+            h = wrap(mlp_layer)(h, W, b)
+        return jnp.mean((h - y) ** 2)
+    return loss
+
+
+def mlp_setup():
+    r = np.random.RandomState(0)
+    D, B = 512, 256
+    params = [(jnp.asarray(r.randn(D, D) * 0.05, np.float32), jnp.zeros(D, np.float32)) for _ in range(4)]
+    batch = (jnp.asarray(r.randn(B, D), np.float32), jnp.asarray(r.randn(B, D), np.float32))
+    return params, batch, {"plain": mlp_loss(lambda f: f), "hand": mlp_loss(jax.checkpoint),
+                           "dots": mlp_loss(lambda f: jax.checkpoint(f, policy=DOTS))}
+
+
+# ---- (b) transformer LM --------------------------------------------------------------------
+
+class Block(nn.Module):
+    d: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.LayerNorm()(x)
+        mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+        x = x + nn.SelfAttention(num_heads=self.heads, qkv_features=self.d)(h, mask=mask)
+        h = nn.LayerNorm()(x)
+        h = nn.Dense(4 * self.d)(h)
+        return x + nn.Dense(self.d)(jax.nn.gelu(h))
+
+
+class LM(nn.Module):
+    vocab: int = 256
+    d: int = 128
+    heads: int = 4
+    layers: int = 4
+    policy: str = "plain"     # plain | hand (nn.remat per block) | dots (nn.remat per block, checkpoint_dots)
+
+    @nn.compact
+    def __call__(self, tokens):
+        blk = {"plain": Block, "hand": nn.remat(Block), "dots": nn.remat(Block, policy=DOTS)}[self.policy]
+        x = nn.Embed(self.vocab, self.d)(tokens) + self.param("pos", nn.initializers.normal(0.02),
+                                                              (tokens.shape[1], self.d))
+        for i in range(self.layers):
+            x = blk(self.d, self.heads, name=f"block_{i}")(x)
+        return nn.Dense(self.vocab)(nn.LayerNorm()(x))
+
+
+def lm_setup():
+    r = np.random.RandomState(0)
+    tokens = jnp.asarray(r.randint(0, 256, (8, 129)), np.int32)
+    params = LM().init(jax.random.PRNGKey(0), tokens[:, :-1])
+
+    def loss_of(policy):
+        model = LM(policy=policy)
+
+        def loss(params, tokens):
+            logits = model.apply(params, tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        return loss
+    return params, tokens, {k: loss_of(k) for k in ("plain", "hand", "dots")}
+
+
+# ---- the train step ------------------------------------------------------------------------
+
+OPT = optax.adam(1e-3)
+
+
+def step_of(loss):
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = OPT.update(grads, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
+    return jax.jit(step)
+
+
+def temp(f, *args):
+    return f.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def err(a, b):
+    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def run(name, setup):
+    params, batch, losses = setup()
+    opt_state = OPT.init(params)
+    args = (params, opt_state, batch)
+    grad_temp = lambda loss: temp(jax.jit(jax.value_and_grad(loss)), params, batch)   # noqa: E731
+    base = grad_temp(losses["plain"])
+    rows = [("plain", losses["plain"], None)]
+    for frac in (0.5, 0.25):
+        budget = int(base * frac)
+        t0 = time.perf_counter()
+        f = jaxform.optimize(losses["plain"], memory=budget)
+        jax.block_until_ready(jax.jit(jax.grad(f))(params, batch))
+        rows.append((f"optimize(memory={frac:.0%} = {budget / MiB:.2f} MiB)", f, (budget, time.perf_counter() - t0)))
+    rows += [("jax.checkpoint per block (hand)", losses["hand"], None),
+             ("checkpoint_dots per block", losses["dots"], None)]
+    steps = [step_of(r[1]) for r in rows]
+    times = min_time(steps, args, REPS)
+    ref = steps[0](*args)
+    print(f"\n({name}) value_and_grad XLA temp (plain {base / MiB:.2f} MiB); train step (+ Adam) temp and time")
+    print(f"{'version':40s} {'grad MiB':>9s} {'of plain':>8s} {'step MiB':>9s} {'step ms':>8s} {'x plain':>8s} "
+          f"{'err':>9s}  budget")
+    for (label, loss, extra), s, t in zip(rows, steps, times):
+        m = grad_temp(loss)
+        e = err(s(*args)[:2], ref[:2])
+        note = "" if extra is None else (f"{'fits' if m <= extra[0] else 'OVER'} (plan+compile {extra[1]:.1f} s)")
+        print(f"{label:40s} {m / MiB:9.2f} {m / base:8.0%} {temp(s, *args) / MiB:9.2f} {t * 1e3:8.1f} "
+              f"{t / times[0]:8.2f} {e:9.2e}  {note}")
+
+
+# ---- (c) grad through a while loop --------------------------------------------------------
+
+def while_fixed_point(W, tol):
+    """x <- tanh(sin(x) @ W + b) until the step is under tol (a data-dependent trip count)."""
+    def f(b):
+        def body(c):
+            i, x, _ = c
+            x2 = jnp.tanh(jnp.sin(x) @ W + b)
+            return i + 1, x2, jnp.max(jnp.abs(x2 - x))
+        _, x, _ = jax.lax.while_loop(lambda c: c[2] > tol, body, (0, jnp.zeros_like(b), jnp.float32(1.0)))
+        return jnp.sum(x ** 2)
+    return f
+
+
+def run_while():
+    r = np.random.RandomState(0)
+    b = jnp.asarray(r.randn(64, 256), np.float32)
+    print("\n(c) jax.grad through a while_loop (fixed point x <- tanh(sin(x) @ W + b), carry 64x256 f32 = 64 KiB)")
+    print(f"{'W scale':>8s} {'trips':>6s} {'max_steps':>9s} {'grad MiB':>9s} {'ms':>8s}   scan of the actual length: "
+          f"{'MiB':>7s} {'ms':>7s}  err")
+    for scale, bound in ((0.05, 1000), (0.08, 1000), (0.09, 1000), (0.08, 100), (0.08, 10000)):
+        W = jnp.asarray(np.random.RandomState(1).randn(256, 256) * scale, np.float32)
+        f = while_fixed_point(W, 1e-5)
+
+        def counted(b):
+            def body(c):
+                i, x, _ = c
+                x2 = jnp.tanh(jnp.sin(x) @ W + b)
+                return i + 1, x2, jnp.max(jnp.abs(x2 - x))
+            return jax.lax.while_loop(lambda c: c[2] > 1e-5, body, (0, jnp.zeros_like(b), jnp.float32(1.0)))[0]
+        n = int(jax.jit(counted)(b))
+        if n > bound:
+            continue
+
+        def scan_f(b):
+            x = jax.lax.scan(lambda x, _: (jnp.tanh(jnp.sin(x) @ W + b), None), jnp.zeros_like(b), None, length=n)[0]
+            return jnp.sum(x ** 2)
+        ours = jax.jit(jax.grad(jaxform.optimize(f, memory="min", max_steps=bound)))
+        ref = jax.jit(jax.grad(scan_f))
+        t = min_time([ours, ref], (b,), REPS)
+        e = float(jnp.max(jnp.abs(ours(b) - ref(b))))
+        print(f"{scale:8.2f} {n:6d} {bound:9d} {temp(ours, b) / MiB:9.2f} {t[0] * 1e3:8.1f}   "
+              f"{'':26s} {temp(ref, b) / MiB:7.2f} {t[1] * 1e3:7.1f}  {e:.1e}")
+
+
+if __name__ == "__main__":
+    print(f"jax {jax.__version__}, {jax.default_backend()}")
+    if "--while" not in sys.argv:
+        run("a", mlp_setup)
+        run("b", lm_setup)
+    run_while()

@@ -1,0 +1,242 @@
+"""Plan what a straight-line program (no loops) remembers under `grad`: segment checkpointing.
+
+`jax.grad` of a program without loops stores every forward value its backward
+pass reads: for an MLP or a transformer, every layer's activations. Under a byte
+budget (`optimize(fn, memory=N)`) or `memory="min"`, this pass cuts the program's
+equations into k contiguous segments at narrow points (where the bytes alive
+across the cut are least: a layer's output, not its hidden activations) and wraps
+them in `jax.checkpoint`:
+
+    all, k      every segment under `nothing_saveable`: AD stores the values crossing
+                the k - 1 cuts, and the backward pass recomputes one segment at a time
+    nothing, k  the same with the last segment left plain (its backward runs right
+                after it: recomputing it buys little)
+    dots        the whole program under `checkpoint_dots` (`dots_saveable`): matmul
+                results are stored, the elementwise work between them recomputed
+
+Each candidate's gradient program (the one `jax.grad` would run) is compiled and its
+memory read from XLA's `memory_analysis()`; its time is the planner's cost model's
+(`plan.cost`, roofline seconds, recomputation included). `"min"` takes the least
+memory; a budget the fastest candidate that fits, else (with a warning) the least memory
+if it saves at least 25%, else nothing (recomputing for a few percent only costs time). (The cost
+model's liveness estimate ranked checkpointed gradients wrongly, off by up to 2x on
+an MLP, so memory is measured: a few compiles, paid only when a budget is given.)
+
+`memory="auto"` leaves straight-line programs alone: in a loop the smaller working
+set can pay for the recomputation, in straight-line code it only costs time (and
+tracing candidates' gradients would cost every optimized program compile time).
+Programs with loops are left to `remat_loops`; programs with effects (callbacks,
+RNG state, refs) are left alone (recomputing would repeat them). Forward cost is
+unchanged: `jax.checkpoint` only changes what differentiation stores.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import jax
+import numpy as np
+
+from .. import _jax
+from ..ir import Graph
+from ..ir.identity import is_impure
+from ..ir.sizes import nbytes
+from . import register
+
+MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
+GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
+MIN_EQNS_PER_SEGMENT = 4
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.checkpoint_policies.nothing_saveable,
+            "dots": jax.checkpoint_policies.dots_saveable}
+
+
+@register(exact=False)
+def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> Graph:
+    """Checkpoint segments of a loop-free program to fit `memory` ("min" or bytes) under grad.
+
+    schedule=(policy, k) forces one candidate without measuring (the fuzzer's way to reach every one).
+    """
+    if (memory is None or memory == "auto") and schedule is None or not _eligible(graph):
+        return graph
+    closed = graph.to_jaxpr()
+    if schedule is not None:
+        policy, k = schedule
+        return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
+    choice = choose(closed, memory)
+    if choice is None:
+        return graph
+    return Graph.from_jaxpr(choice[1])
+
+
+def with_memory(memory, schedule: tuple | None = None):
+    """`remat_program` with fixed options, as a pass (what `optimize(memory=...)` appends)."""
+    p = functools.partial(remat_program, memory=memory, schedule=schedule)
+    p.pass_name, p.exact = f"remat_program(memory={memory!r}" + (f", schedule={schedule!r})" if schedule else ")"), False
+    return p
+
+
+def _eligible(graph: Graph) -> bool:
+    if any(n.name in ("scan", "while") for n, _ in graph.walk()):
+        return False           # loops: remat_loops plans them
+    if any(is_impure(n) for n in graph.nodes):
+        return False
+    return len(graph.nodes) >= 2 * MIN_EQNS_PER_SEGMENT
+
+
+# ---- candidates ------------------------------------------------------------------------
+
+def _var_bytes(v) -> float:
+    b = nbytes(v.aval)
+    return 0.0 if math.isinf(b) else float(b)
+
+
+def cuts(jaxpr) -> tuple[list[float], list[float]]:
+    """Per equation index i: bytes alive across a cut before equation i (made earlier, read at or
+    after i), and bytes made by equations before i (a proxy for what AD stores up to there)."""
+    eqns = jaxpr.eqns
+    made_at, last = {}, {}
+    for i, e in enumerate(eqns):
+        for v in e.invars:
+            if not _jax.is_literal(v):
+                last[v] = i
+        for v in e.outvars:
+            made_at[v] = i
+    for v in jaxpr.outvars:
+        if not _jax.is_literal(v):
+            last[v] = len(eqns)
+    delta = [0.0] * (len(eqns) + 2)
+    for v, i in made_at.items():
+        if v in last and not _jax.is_dropvar(v):
+            delta[i + 1] += _var_bytes(v)
+            delta[last[v] + 1] -= _var_bytes(v)
+    across, made, live, total = [], [], 0.0, 0.0
+    for i in range(len(eqns) + 1):
+        live += delta[i]
+        across.append(live)
+        made.append(total)
+        if i < len(eqns):
+            total += sum(_var_bytes(v) for v in eqns[i].outvars if not _jax.is_dropvar(v))
+    return across, made
+
+
+def boundaries(jaxpr, k: int) -> list[int]:
+    """k - 1 cut points: near equal shares of the bytes made, each at the narrowest cut nearby."""
+    across, made = cuts(jaxpr)
+    n = len(jaxpr.eqns)
+    total = made[-1] or 1.0
+    window = max(1, n // (4 * k))
+    out: list[int] = []
+    for j in range(1, k):
+        target = next((i for i in range(n + 1) if made[i] >= total * j / k), n)
+        lo, hi = max(out[-1] + MIN_EQNS_PER_SEGMENT if out else MIN_EQNS_PER_SEGMENT, target - window), \
+            min(n - MIN_EQNS_PER_SEGMENT, target + window)
+        if lo > hi:
+            continue
+        # ties: cut just before a matmul (its input is stored for the weight gradient anyway; measured on
+        # an MLP, a cut after the matmul instead kept 5.5 of 5.5 MiB, before it 4.5)
+        out.append(min(range(lo, hi + 1), key=lambda i: (across[i], i >= n or jaxpr.eqns[i].primitive.name
+                                                         not in MATMULS, abs(i - target))))
+    return out
+
+
+def checkpointed(closed, bounds: list[int], policy: str):
+    """`closed` with its equations cut at `bounds`; segments under `jax.checkpoint(policy)`: "dots"
+    (`dots_saveable`), "all" (`nothing_saveable`) or "nothing" (the same, but the last segment is left
+    plain: its backward runs right after it, so recomputing it buys little)."""
+    jaxpr = closed.jaxpr
+    eqns, n = jaxpr.eqns, len(jaxpr.eqns)
+    edges = [0, *bounds, n]
+    used_after = {v for v in jaxpr.outvars if not _jax.is_literal(v)}
+    segs = []
+    for a, b in reversed(list(zip(edges, edges[1:]))):
+        defined = {v for e in eqns[a:b] for v in e.outvars}
+        outs = [v for e in eqns[a:b] for v in e.outvars if v in used_after]
+        free: dict = {}
+        for e in eqns[a:b]:
+            for v in e.invars:
+                if not _jax.is_literal(v) and v not in defined:
+                    free.setdefault(v, None)
+        ins = list(free)
+        sub = _jax.closed_jaxpr([], ins, outs, eqns[a:b], _jax.jaxpr_effects([], ins, outs, eqns[a:b]), None, [])
+        segs.append(sub)
+        used_after |= set(ins)
+    segs.reverse()
+    consts = dict(zip(jaxpr.constvars, closed.consts))
+    pol = POLICIES[policy]
+
+    def program(*args):
+        env = dict(consts)
+        env.update(zip(jaxpr.invars, args))
+        for i, sub in enumerate(segs):
+            fn = functools.partial(_jax.eval_jaxpr, sub)
+            if policy != "nothing" or i < len(segs) - 1:
+                fn = jax.checkpoint(fn, policy=pol)
+            env.update(zip(sub.jaxpr.outvars, fn(*[env[v] for v in sub.jaxpr.invars])))
+        return [v.val if _jax.is_literal(v) else env[v] for v in jaxpr.outvars]
+
+    return jax.make_jaxpr(program)(*[_jax.spec_of(a) for a in closed.in_avals])
+
+
+def candidates(closed):
+    """(name, program) for each schedule worth measuring, the likeliest first (a generator: each is
+    traced only when asked for)."""
+    n = len(closed.jaxpr.eqns)
+    order = [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
+    seen = set()
+    for policy, k in order:
+        if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:
+            continue
+        b = tuple(boundaries(closed.jaxpr, k)) if k > 1 else ()
+        if (k > 1 and not b) or (policy, b) in seen:
+            continue
+        seen.add((policy, b))
+        name = "checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments"
+        yield name, checkpointed(closed, list(b), policy)
+
+
+def xla_grad_temp(closed) -> int | None:
+    """XLA's temp bytes for the gradient program of `closed` (compiled here), or None."""
+    from ..plan.cost import gradient_program
+    gp = gradient_program(closed)
+    if gp is None:
+        return None
+    fn = jax.jit(functools.partial(_jax.eval_jaxpr, gp))
+    return fn.lower(*[_jax.spec_of(a) for a in gp.in_avals]).compile().memory_analysis().temp_size_in_bytes
+
+
+def choose(closed, memory):
+    """(name, program, XLA grad temp bytes, predicted grad seconds) for `memory`, or None to leave
+    the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
+    model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's."""
+    from ..plan import cost
+    plain = xla_grad_temp(closed)
+    if plain is None or (not isinstance(memory, str) and plain <= memory):
+        return None
+    scored, tried = [], 0
+    for name, prog in candidates(closed):
+        m = xla_grad_temp(prog)
+        tried += 1
+        if m is not None and m < plain:
+            scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0))
+        if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
+            break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
+    if not scored:
+        return None
+    least = min(scored, key=lambda s: (s[2], s[3]))
+    fits = [s for s in scored if memory == "min" or s[2] <= memory]
+    if fits:
+        return least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))
+    useful = least[2] <= (1 - MIN_SAVING) * plain
+    warnings.warn(
+        f"jaxform: remat_program cannot fit this program's gradient in memory={memory} bytes "
+        f"({memory / 2 ** 20:.2f} MiB): plain {plain / 2 ** 20:.2f} MiB, the least any segment checkpointing "
+        f"reaches is {least[2] / 2 ** 20:.2f} MiB ({least[0]}); " +
+        ("using that." if useful else f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation).")
+        + " A smaller batch, or memory='min', or jax.checkpoint by hand where XLA does not reuse "
+          "buffers (docs/remat.md).", stacklevel=2)
+    return least if useful else None
+
+
+__all__ = ["remat_program", "with_memory", "choose", "candidates", "checkpointed", "boundaries"]

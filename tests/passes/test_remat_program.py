@@ -1,0 +1,114 @@
+"""remat_program: loop-free programs under grad fit a byte budget, with the same values and gradients."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxform
+from jaxform.passes.remat_program import boundaries, remat_program
+from jaxform.ir import Graph
+
+REMAT = ("remat2", "checkpoint")
+R = np.random.RandomState(0)
+D, B = 256, 128
+PARAMS = [(jnp.asarray(R.randn(D, D) * 0.06, np.float32), jnp.asarray(R.randn(D) * 0.1, np.float32))
+          for _ in range(4)]
+X = jnp.asarray(R.randn(B, D), np.float32)
+Y = jnp.asarray(R.randn(B, D), np.float32)
+
+
+def mlp_loss(params, x, y):
+    h = x
+    for W, b in params:
+        h = jax.nn.gelu(h @ W + b)
+        h = h + 0.1 * jnp.tanh(h)
+    return jnp.mean((h - y) ** 2)
+
+
+def temp(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def remats(f, *args):
+    return sum(1 for e in jax.make_jaxpr(f)(*args).jaxpr.eqns if e.primitive.name in REMAT)
+
+
+def close(a, b, rtol=2e-5, atol=1e-6):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+PLAIN = None
+
+
+def plain_temp():
+    global PLAIN
+    if PLAIN is None:
+        PLAIN = temp(jax.grad(mlp_loss), PARAMS, X, Y)
+    return PLAIN
+
+
+@pytest.mark.parametrize("memory", ["min", 0.5])
+def test_gradient_fits_the_budget_with_the_same_values(memory):
+    plain = plain_temp()
+    mem = "min" if memory == "min" else int(plain * memory)
+    f = jaxform.optimize(mlp_loss, memory=mem)
+    assert remats(f, PARAMS, X, Y) >= 1
+    got = temp(jax.grad(f), PARAMS, X, Y)
+    assert got <= (plain // 2 if memory == "min" else mem), (got, plain)
+    v0, g0 = jax.jit(jax.value_and_grad(mlp_loss))(PARAMS, X, Y)
+    v1, g1 = jax.jit(jax.value_and_grad(f))(PARAMS, X, Y)
+    assert v0 == v1
+    close(g1, g0)
+    close(jax.grad(f)(PARAMS, X, Y), g0)   # eagerly too
+
+
+def test_vmap_of_grad_per_example():
+    f = jaxform.optimize(mlp_loss, memory="min")
+    per = lambda g: jax.vmap(g, in_axes=(None, 0, 0))(PARAMS, X[:4, None], Y[:4, None])   # noqa: E731
+    close(per(jax.grad(f)), per(jax.grad(mlp_loss)))
+
+
+def test_forward_is_unchanged_in_cost_and_value():
+    f = jaxform.optimize(mlp_loss, memory="min")
+    assert temp(f, PARAMS, X, Y) == temp(mlp_loss, PARAMS, X, Y)
+    assert jax.jit(f)(PARAMS, X, Y) == jax.jit(mlp_loss)(PARAMS, X, Y)
+
+
+def test_auto_and_a_budget_that_fits_leave_the_program_alone():
+    assert remats(jaxform.optimize(mlp_loss), PARAMS, X, Y) == 0                       # "auto": never slower
+    assert remats(jaxform.optimize(mlp_loss, memory=plain_temp()), PARAMS, X, Y) == 0   # fits already
+
+
+def test_programs_with_loops_or_effects_are_left_to_others():
+    def with_scan(params, x, y):
+        h = lax.scan(lambda h, _: (jnp.tanh(h @ params[0][0]), None), x, None, length=3)[0]
+        return mlp_loss(params, h, y)
+
+    def with_print(params, x, y):
+        jax.debug.print("{}", x[0, 0])
+        return mlp_loss(params, x, y)
+    for fn in (with_scan, with_print):
+        g = Graph.from_jaxpr(jax.make_jaxpr(fn)(PARAMS, X, Y))
+        n = len(g.nodes)
+        out = remat_program(g, memory="min")
+        assert out is g and len(out.nodes) == n
+
+
+def test_cuts_fall_between_layers_before_the_matmul():
+    closed = jax.make_jaxpr(mlp_loss)(PARAMS, X, Y)
+    cuts = boundaries(closed.jaxpr, 4)
+    assert len(cuts) == 3
+    assert all(closed.jaxpr.eqns[i].primitive.name == "dot_general" for i in cuts)
+
+
+def test_second_order_and_pytree_outputs():
+    def f(params, x, y):
+        return mlp_loss(params, x, y), {"h": jnp.tanh(x @ params[0][0]).sum()}
+    g = jaxform.optimize(f, memory="min")
+    loss = lambda fn: lambda p: fn(p, X, Y)[0] + fn(p, X, Y)[1]["h"]   # noqa: E731
+    close(jax.grad(loss(g))(PARAMS), jax.grad(loss(f))(PARAMS))
+    hv = lambda fn: jax.jvp(jax.grad(loss(fn)), (PARAMS,), (PARAMS,))[1]   # noqa: E731
+    close(hv(g), hv(f), rtol=1e-4, atol=1e-5)
