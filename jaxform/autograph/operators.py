@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
+from .. import _jax
 from .errors import AutographError, error
 
 
@@ -325,7 +326,10 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
       x, y = _bool_sds(x), _bool_sds(y)  # Python bools that differ (or meet an array) become arrays
       dx, dy = isinstance(x, jax.ShapeDtypeStruct), isinstance(y, jax.ShapeDtypeStruct)
       if dx and dy and x.shape == y.shape:
-        spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_aval(x), _aval(y)))))
+        # weakly typed only if weak on both sides, as lax.cond does (a Python `scale = 2.0` in both branches
+        # stays weak: bf16 activations * scale stay bf16, as in Python and under a hand-written lax.cond)
+        weak = bool(getattr(x, 'weak_type', False) and getattr(y, 'weak_type', False))
+        spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_promo(x), _promo(y)), weak)))
       else:
         raise error(info, f'{what} is {_describe(x)} in the if branch but {_describe(y)} in the else '
                           f'branch of this `if` on a traced condition',
@@ -339,7 +343,8 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     res = []
     for i, (_, spec) in plan.items():
       ls = [None] * len(spec) if isinstance(st[i], Undefined) else jax.tree_util.tree_leaves(st[i])
-      res += [jnp.zeros(*sd) if v is None else jnp.asarray(v, sd[1]) for v, (k, sd) in zip(ls, spec) if k == 'd']
+      res += [_typed(jnp.zeros(sd[0], sd[1]) if v is None else v, sd[1], sd[2])
+              for v, (k, sd) in zip(ls, spec) if k == 'd']
     return res
 
   if _moves_only(jaxpr_t) and _moves_only(jaxpr_f):  # flags / assignments: a select is cheaper and safe
@@ -353,6 +358,20 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     if i not in plan:
       final[i] = init[i] if name not in info.live else Undefined(name)
   set_state(tuple(final))
+
+
+def _typed(v, dtype, weak: bool):
+  """v as an array of dtype, weakly typed or not (jnp.asarray with a dtype always makes it strong)."""
+  v = jnp.asarray(v, dtype)
+  return _jax.with_weak_type(v, True) if weak and not _aval(v).weak_type else v
+
+
+def _promo(a):
+  """A stand-in for type promotion: a weakly typed value promotes as a Python scalar of its kind."""
+  a = _aval(a)
+  if not getattr(a, 'weak_type', False):
+    return np.zeros((), a.dtype)
+  return {'b': False, 'i': 0, 'u': 0, 'f': 0.0, 'c': 0j}.get(np.dtype(a.dtype).kind, np.zeros((), a.dtype))
 
 
 def _bool_sds(v):
@@ -462,8 +481,8 @@ class _Carry:
     for i in self.carried:
       leaves, _ = jax.tree_util.tree_flatten(state[i])
       for v, ref in zip(leaves, self.trees[i][0]):
-        if _is_dyn(ref):
-          out.append(jnp.asarray(v, _aval(ref).dtype))
+        if _is_dyn(ref):   # a weakly typed start (`s = 1.0`) stays weak, as lax loops keep it
+          out.append(_typed(v, _aval(ref).dtype, _aval(ref).weak_type and _aval(v).weak_type))
     return out
 
   def unpack(self, flat) -> tuple:
