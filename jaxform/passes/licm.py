@@ -117,14 +117,20 @@ def _worth(cands: list[Node]) -> list[Node]:
 
 # ---- moving nodes out of one region ----------------------------------------------
 
-def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs) -> list[Node]:
+def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs,
+              keep_weak: bool = False) -> list[Node]:
     """Move the invariant nodes of `region` (a body of `owner`, itself a node of `target`) into `target`.
 
     outer_of maps region values known invariant (by id) to the `target` value they equal.
     add_inputs(values) makes each value a new constant operand of `owner` and returns
     the region inputs that receive them. Returns the moved nodes, now in `target`.
+    keep_weak (scan): work reading a weakly typed float loop constant stays. `grad` gives such a
+    constant a weakly typed cotangent only through the scan's transpose (which accumulates it in
+    the constant's type); work moved out is transposed on its own (a matmul's is strong), so
+    `grad(optimize(f))` would change type (~float32[3] -> float32[3]). No other op restores it.
     """
-    known, cands = set(outer_of), []
+    known = {k for k, v in outer_of.items() if not (keep_weak and not v.is_literal and _weak_float(v))}
+    cands = []
     for n in producers_first(region.nodes):
         if _movable(n, known):
             cands.append(n)
@@ -201,7 +207,12 @@ def _from_scan(graph: Graph, node: Node) -> bool:
         node.params["num_consts"] = at + len(values)
         return new
 
-    return bool(_move_out(graph, node, body, outer_of, add_inputs))
+    return bool(_move_out(graph, node, body, outer_of, add_inputs, keep_weak=True))
+
+
+def _weak_float(v: Value) -> bool:
+    import numpy as np
+    return bool(getattr(v.aval, "weak_type", False)) and np.issubdtype(v.aval.dtype, np.inexact)
 
 
 def _from_while(graph: Graph, node: Node) -> bool:

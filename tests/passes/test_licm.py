@@ -514,3 +514,26 @@ def test_float_div_by_a_constant_is_still_pulled_back():
     after = run_passes(jax.make_jaxpr(f)(*args), [sum_then_pull_back], strict=True)
     assert scan_count(Graph.from_jaxpr(after), "dot_general") == 0
     np.testing.assert_allclose(_jax.eval_jaxpr(after, *args)[0], f(*args), rtol=1e-6)
+
+
+# issue 26, finding 6: grad gives a weakly typed scan constant a weakly typed cotangent (the scan's transpose
+# accumulates it in the constant's type); hoisted out of the loop, `w @ ones` was transposed on its own and
+# grad(optimize(f)) gave float32[3] where grad(f) gives ~float32[3].
+def test_hoisting_keeps_the_gradients_weak_type():
+    def f(w, xs):
+        return lax.scan(lambda c, x: (c + (w @ jnp.ones(3)) * x, None), 0.0, xs)[0]
+
+    def g(w, xs):   # the same with a strongly typed w: the work still leaves the loop
+        return f(w, xs)
+    w, xs = jnp.full((3,), 0.4), jnp.linspace(0.0, 1.0, 4)
+    assert w.weak_type
+    opt = jaxform.optimize(f, passes=["hoist_loop_invariants"], strict=True)
+    for argnums in (0, 1, (0, 1)):
+        want, got = jax.grad(f, argnums)(w, xs), jax.grad(opt, argnums)(w, xs)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert jax.typeof(a) == jax.typeof(b), (jax.typeof(a), jax.typeof(b))
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    ws = w.astype(jnp.float32)
+    assert not ws.weak_type
+    moved = Graph.from_jaxpr(run_passes(jax.make_jaxpr(g)(ws, xs), [hoist_loop_invariants], strict=True))
+    assert scan_count(moved, "dot_general") == 0
