@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from fuzz import report
 from fuzz.differential import STATS, check, pipelines
-from fuzz.programs import Program, programs
+from fuzz.programs import Program, edge_catalog, programs
 
 EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "48"))
 CHUNKS = 8
@@ -48,6 +48,37 @@ def test_passes_on_random_programs(chunk):
     report.record(chunk, mine, sorted(pipelines()))
     assert mine["programs"] > 0
     assert not made["grad"] or mine["has:grad_program"] > 0, "every grad program was rejected, none checked"
+
+
+EDGE = edge_catalog()
+
+
+@pytest.mark.parametrize("prog", EDGE, ids=[f"{i}-" + "-".join(sorted(f for f in p.features if f.startswith(
+    ("edge:", "special:", "mixed:", "int_op:", "length:"))))[:80] for i, p in enumerate(EDGE)])
+def test_edge_programs(prog):
+    """Issue 26's classes, one fixed program each (edge_catalog): every pass and the default pipeline, values
+    with inf/NaN positions exact, derivatives, vmap, dtypes and weak types; the API checks where marked."""
+    before = STATS.copy()
+    check(prog)
+    mine = STATS.copy()
+    mine.subtract(before)
+    report.record(f"edge-{EDGE.index(prog)}", mine, sorted(pipelines()))
+    assert mine["programs"] == 1
+    assert not prog.api_checks or mine["api_repeated"] == 1
+
+
+def test_edge_catalog_covers_every_class():
+    """The CI share holds every special value, every mixed-precision accumulation, every integer op, lengths 0
+    and 1, weak scalars, grad programs, and an API-checked program on which revolve is really applied."""
+    from fuzz import programs as P
+    feats = set().union(*(p.features for p in EDGE))
+    assert {f"special:{k}" for k in P.SPECIAL} <= feats
+    assert {f"mixed:{k}" for k in P.MIXED} <= feats and {f"int_op:{k}" for k in P.INT_OPS} <= feats
+    assert {"length:0", "length:1", "weak_type:python_scalar", "grad_program", "api_checks", "special:ones"} <= feats
+    import jaxform
+    rnn = next(p for p in EDGE if "edge:rnn" in p.features and p.api_checks)
+    opt = jaxform.optimize(rnn.fn, passes=["hoist_loop_invariants", "dce"], memory=1)
+    assert "custom_vjp" in str(jaxform.trace(opt, *rnn.args()))
 
 
 def test_generator_makes_grad_programs():
