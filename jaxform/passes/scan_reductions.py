@@ -500,6 +500,9 @@ def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node, p
     zero = _vary(body, _add(body, "broadcast_in_dim", [zero], t, shape=low.aval.shape, broadcast_dimensions=(),
                             sharding=None), low.aval, t)
     low = _add(body, "select_n", [_add(body, "is_finite", [total], t), zero, low], t)
+    # The compensation is a rounding correction: its tangent is (acc' + y' - acc') - y' = 0. Without the tangent,
+    # grad keeps no per-step residual for the select (the planner measured +7 KiB on a 200-step RNN loss).
+    low = _add(body, "stop_gradient", [low], t)
     comp.set_next(_where(body, p, comp.inner, low, t))
     acc.set_next(_where(body, p, acc.inner, total, t))
     return acc.result
