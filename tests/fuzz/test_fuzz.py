@@ -25,7 +25,9 @@ from fuzz import report
 from fuzz.differential import STATS, check, pipelines
 from fuzz.programs import Program, edge_catalog, programs
 
-EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "48"))
+# 42 (was 48): the 28 fixed programs of issue 26's classes (test_edge_programs) cost about what 6 random ones do
+# (single process, 2 busy cores: 27 s of 231 s CPU), so the file's time stays what it was.
+EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "42"))
 CHUNKS = 8
 
 
