@@ -16,18 +16,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax
-from .graph import Graph
 
 RULE_PARAMS = {"custom_vjp_call": ("fwd_jaxpr_thunk", "bwd"), "custom_jvp_call": ("jvp_jaxpr_fun", "jvp_jaxpr_thunk")}
 
 
 def rules(closed) -> dict[int, str]:
-    """id of each rule callable in `closed` (any depth) -> the primitive that holds it."""
+    """id of each rule callable in `closed` (any depth) -> the primitive that holds it. Walks the jaxpr itself
+    (no Graph is built: this runs on every verification)."""
     out: dict[int, str] = {}
-    for n, _ in Graph.from_jaxpr(closed).walk():
-        for k in RULE_PARAMS.get(n.name, ()):
-            if k in n.params:
-                out[id(n.params[k])] = n.name
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            for k in RULE_PARAMS.get(name, ()):
+                if k in eqn.params:
+                    out[id(eqn.params[k])] = name
+            for v in eqn.params.values():
+                for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if hasattr(x, "eqns"):
+                        walk(x)
+                    elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
+                        walk(x.jaxpr)
+    walk(closed.jaxpr)
     return out
 
 
