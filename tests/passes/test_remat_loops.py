@@ -423,3 +423,15 @@ def test_revolve_under_x64():
         opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
         assert "custom_vjp" in str(jaxform.trace(opt, W, xs))   # revolve really ran
         np.testing.assert_allclose(jax.grad(opt, 1)(W, xs), jax.grad(_revolve_rnn, 1)(W, xs), rtol=1e-5, atol=1e-6)
+
+
+# issue 26, finding 4 (open): forward mode over a loop scheduled by revolve fails, because revolve is a
+# custom_vjp (JAX cannot jvp one). Strict xfail: it turns red the day forward mode works, to be made a plain test.
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="issue 26 finding 4: jvp of revolve's custom_vjp")
+def test_revolve_forward_mode():
+    W, xs = a(4, 4), a(23, 3, 4)
+    opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
+    assert "custom_vjp" in str(jaxform.trace(opt, W, xs))
+    got = jax.jvp(opt, (W, xs), (W, xs))
+    want = jax.jvp(_revolve_rnn, (W, xs), (W, xs))
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
