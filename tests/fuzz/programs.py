@@ -149,7 +149,8 @@ class Program:
                     v[pos % v.size] = SPECIAL[kind]
                     if kind == "near_overflow":   # two of one sign: their sum overflows in any order
                         v[(pos + 1) % v.size] = SPECIAL[kind]
-            flat = [float(x) if i in self.weak_args else jnp.asarray(x) for i, x in enumerate(flat)]
+            flat = [(float(x) if np.ndim(x) == 0 else _weak_array(x)) if i in self.weak_args else jnp.asarray(x)
+                    for i, x in enumerate(flat)]
             xs, ws = flat[:len(xs)], tuple(flat[len(xs):])
         if self.tree:
             return (xs[0], {"a": xs[1], "b": tuple(xs[2:])}) + ws
@@ -178,6 +179,12 @@ class V:
 SPECIAL = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan, "-0.0": -0.0, "near_overflow": 3.0e38,
            "subnormal": 1e-40, "zero": 0.0}
 FILL = {"ones": 1.0}   # special kinds that fill the whole argument
+
+
+def _weak_array(x) -> jax.Array:
+    """x as a weakly typed array (what `jnp.full((3,), 0.4)` gives a user)."""
+    from jaxform import _jax
+    return _jax.with_weak_type(jnp.asarray(x), True)
 
 
 def _promote(x: V, y: V) -> str:
@@ -962,15 +969,14 @@ def edge_program(kind: str, L: int, variant: int = 0, special: str = "", pos: in
 """
         feats |= {f"int_op:{op}"}
     elif kind == "weak_scalar":
-        shapes = ((L,), ())
-        src = """def f(x0, s):
-    w = jnp.full((3,), 0.4)
+        shapes = ((L,), (), (3,))
+        src = """def f(x0, s, w):
     def body(c, x):
         return c * s + (w @ jnp.ones(3)) * x, (x * s).astype(jnp.bfloat16) * s
     c, ys = lax.scan(body, 0.0, x0)
     return {'out': c, 'aux': (ys.sum(), s * 2.0, jnp.full((3,), 0.4) * s)}
 """
-        weak = () if grad else (1,)
+        weak = () if grad else (1, 2)   # s a Python float, w a weakly typed array (issue 26, finding 6)
         feats |= {"weak_type", "weak_type:python_scalar", "bfloat16"}
     else:   # a carry large next to revolve's schedule table (16 bytes a step), so a 1-byte budget picks revolve
         shapes = ((16, 16), (L, 4, 16))
