@@ -299,7 +299,8 @@ def check_api_repeated(prog, args, tol, fail):
             STATS["api_schedule:revolve_applied"] += 1
         try:   # the first and last argument alternately (a cache hit of the rules traced for the other)
             for argnums in ((n - 1,), (0,), (n - 1,)) if sched != "min" else ():
-                _types_and_values(want(argnums, lambda: grad(loss(fn), argnums)(*args)), grad(loss(opt), argnums)(*args),
+                _types_and_values(want(argnums, lambda: grad(loss(fn), argnums)(*args)),
+                                  grad(loss(opt), argnums)(*args),
                                   "api_grad", who, f"grad argnums={argnums}", tol)
             if sched == "revolve":
                 _types_and_values(grad(both(fn), tuple(range(n)))(*args), grad(both(opt), tuple(range(n)))(*args),

@@ -916,7 +916,8 @@ MIXED = {   # name: (m from x0, W from w0, the step's L(m_t), the accumulator's 
                   "lax.div(mt @ W, 3)", "jnp.zeros((1, 2), jnp.int32)"),
     "f32_div": ("x0", "w0", "(mt @ W) / 3.0", "jnp.zeros((1, 2), jnp.float32)"),
 }
-INT_OPS = ["lax.div(c * 3 + k, 2)", "lax.rem(c + k, 5)", "lax.shift_left(c, 1) ^ k", "lax.shift_right_arithmetic(c, 1) + k",
+INT_OPS = ["lax.div(c * 3 + k, 2)", "lax.rem(c + k, 5)", "lax.shift_left(c, 1) ^ k",
+           "lax.shift_right_arithmetic(c, 1) + k",
            "lax.shift_right_logical(c + k, 2)", "(c * 7 + k) // 3", "(c - k) % 4"]
 
 

@@ -554,7 +554,8 @@ def test_compensated_sum_keeps_inf_and_nan(case, defer):
         xs[37] = np.nan
     else:
         xs[37], xs[90] = np.inf, 0.0        # inf then -inf: NaN in the plain sum too
-    f = lambda xs: jnp.sum(lax.scan(lambda c, x: (c, jnp.log(x) if case != "overflow" else x), 0.0, xs)[1])  # noqa: E731
+    term = (lambda x: x) if case == "overflow" else jnp.log
+    f = lambda xs: jnp.sum(lax.scan(lambda c, x: (c, term(x)), 0.0, xs)[1])  # noqa: E731
     closed = jax.make_jaxpr(f)(xs)
     after = run_passes(closed, [lambda g: fuse_scan_reductions(g, defer=defer)], strict=True)
     assert stacked(after) == []
