@@ -23,6 +23,7 @@ import numpy as np
 from . import _jax
 from .ir import Graph
 from .ir.graph import gc_paused
+from .ir.rules import check_installed_rules
 from . import passes as _passes
 from . import plan as _plan
 from .passes.remat_loops import check_memory, with_memory as remat_with_memory
@@ -163,6 +164,7 @@ def verify(closed, like, *, typecheck: bool = True) -> None:
     if not same(closed.in_avals, like.in_avals) or not same(closed.out_avals, like.out_avals):
         raise TypeError(f"signature changed: {closed.in_avals} -> {closed.out_avals}, "
                         f"expected {like.in_avals} -> {like.out_avals}")
+    check_installed_rules(closed, like)   # a rule the pass installed fails here, not at the user's grad
 
 
 def _package_dir(module) -> str:

@@ -105,3 +105,58 @@ def test_bad_inputs():
         jaxform.optimize(prog_plain)(object())
     with pytest.raises(TypeError, match="not hashable"):
         jaxform.optimize(lambda x, s: x, static_argnums=1)(X, {"a": 1})
+
+
+# issue 26, finding 8: a rule a pass installs (custom_vjp/custom_jvp) is traced only at the user's grad/jvp; a
+# broken one escaped the safety net (revolve's int64/int32 switch under x64). Now it is checked when the pass
+# runs: the pass is skipped at optimization time, on the first (forward) call, and grad is the original's.
+def _installs_rule(kind):
+    from jaxform import _jax
+    from jaxform.ir import Graph
+
+    def installs(g):
+        closed = g.to_jaxpr()
+        call = lambda *a: _jax.eval_jaxpr(closed, *a)  # noqa: E731
+        if kind == "vjp":
+            f = jax.custom_vjp(call)
+            f.defvjp(lambda *a: (f(*a), a), lambda r, ct: tuple(jnp.zeros((7,)) for _ in r))   # wrong cotangents
+        else:
+            f = jax.custom_jvp(call)
+            f.defjvp(lambda p, t: (f(*p), [jnp.zeros((7,), jnp.int32)] * len(closed.out_avals)))   # wrong tangents
+        return Graph.from_jaxpr(jax.make_jaxpr(f)(*[_jax.spec_of(a) for a in closed.in_avals]))
+    installs.__name__ = f"installs_broken_{kind}"
+    return installs
+
+
+@pytest.mark.parametrize("kind", ["vjp", "jvp"])
+def test_broken_installed_rule_is_caught_at_optimize_time(temp_pass, kind):
+    p = temp_pass(_installs_rule(kind), exact=False)
+    x = jnp.linspace(0.0, 1.0, 3)
+    with pytest.warns(UserWarning, match=f"pass '{p.__name__}' failed .* skipped"):
+        np.testing.assert_allclose(jaxform.optimize(prog_sin, passes=[p.__name__])(x), prog_sin(x))
+    with pytest.raises(jaxform.PassError):
+        jaxform.optimize(prog_sin, passes=[p.__name__], strict=True)(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = jaxform.optimize(prog_sin, passes=[p.__name__])
+        np.testing.assert_allclose(jax.grad(lambda x: opt(x).sum())(x), jax.grad(lambda x: prog_sin(x).sum())(x))
+        np.testing.assert_allclose(jax.jvp(opt, (x,), (x,))[1], jax.jvp(prog_sin, (x,), (x,))[1])
+
+
+def test_correct_installed_rule_is_kept(temp_pass):
+    """The check does not reject a well-formed rule: a pass that wraps the program in a correct custom_vjp."""
+    from jaxform import _jax
+    from jaxform.ir import Graph
+
+    def installs_good_vjp(g):
+        closed = g.to_jaxpr()
+        f = jax.custom_vjp(lambda *a: _jax.eval_jaxpr(closed, *a))
+        f.defvjp(lambda *a: (f(*a), a), lambda r, ct: jax.vjp(lambda *a: _jax.eval_jaxpr(closed, *a), *r)[1](ct))
+        return Graph.from_jaxpr(jax.make_jaxpr(f)(*[_jax.spec_of(a) for a in closed.in_avals]))
+    temp_pass(installs_good_vjp, exact=False)
+    x = jnp.linspace(0.0, 1.0, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = jaxform.optimize(prog_sin, passes=["installs_good_vjp"], strict=True)
+        assert "custom_vjp" in str(jaxform.trace(opt, x))
+        np.testing.assert_allclose(jax.grad(lambda x: opt(x).sum())(x), jax.grad(lambda x: prog_sin(x).sum())(x))

@@ -89,8 +89,8 @@ class _SetItem(ast.NodeTransformer):
   becomes `ys = ag__.append(ys, v)` (so a traced loop can turn it into a stacked output);
   `y: T = v` becomes `y = v` (an annotated name cannot be `nonlocal` state)."""
 
-  def __init__(self, fresh: Callable[[str], str]):
-    self.fresh, self.locals = fresh, [set()]
+  def __init__(self, fresh: Callable[[str], str], filename: str = ''):
+    self.fresh, self.locals, self.filename = fresh, [set()], filename
 
   def visit_FunctionDef(self, node):  # `ys.append` is rebound only where ys is a local (a
     a = node.args                     # global / closure list would become an unbound local)
@@ -133,7 +133,8 @@ class _SetItem(ast.NodeTransformer):
 
   def _assign(self, target, value):
     while isinstance(target, ast.Subscript):
-      value = _call('setitem', _with_ctx(target.value, ast.Load()), target.slice, value)
+      value = _call('setitem', _with_ctx(target.value, ast.Load()), target.slice, value,
+                    _const((self.filename, getattr(target, 'lineno', 0))))
       target = target.value
     return ast.Assign(targets=[_with_ctx(target, ast.Store())], value=value)
 
@@ -173,7 +174,8 @@ class _SetItem(ast.NodeTransformer):
       op = {ast.Add: '+', ast.Sub: '-', ast.Mult: '*', ast.Div: '/', ast.FloorDiv: '//', ast.Mod: '%',
             ast.Pow: '**', ast.MatMult: '@', ast.BitAnd: '&', ast.BitOr: '|', ast.BitXor: '^',
             ast.LShift: '<<', ast.RShift: '>>'}[type(node.op)]
-      value = _call('setitem_op', _with_ctx(t.value, ast.Load()), t.slice, ast.Constant(op), node.value)
+      value = _call('setitem_op', _with_ctx(t.value, ast.Load()), t.slice, ast.Constant(op), node.value,
+                    _const((self.filename, node.lineno)))
       return ast.copy_location(self._assign(t.value, value) if isinstance(t.value, ast.Subscript) else
                                ast.Assign(targets=[_with_ctx(t.value, ast.Store())], value=value), node)
     return node
@@ -562,7 +564,7 @@ def _transform(node: ast.FunctionDef, fn: types.FunctionType, filename: str, rec
                static_range: str) -> types.CodeType:
   cv = _Converter(filename, recursive, static_range)
   recursion.rewrite(node, filename)
-  _SetItem(cv.fresh).visit(node)
+  _SetItem(cv.fresh, filename).visit(node)
   cv.function(node)
   _Exprs(recursive, (recursive, static_range), filename).visit(node)
   free = [v for v in fn.__code__.co_freevars if v not in ('ag__', 'ag__self')]  # fn may itself be converted code

@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
+from .. import _jax
 from .errors import AutographError, error
 
 
@@ -325,7 +326,10 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
       x, y = _bool_sds(x), _bool_sds(y)  # Python bools that differ (or meet an array) become arrays
       dx, dy = isinstance(x, jax.ShapeDtypeStruct), isinstance(y, jax.ShapeDtypeStruct)
       if dx and dy and x.shape == y.shape:
-        spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_aval(x), _aval(y)))))
+        # weakly typed only if weak on both sides, as lax.cond does (a Python `scale = 2.0` in both branches
+        # stays weak: bf16 activations * scale stay bf16, as in Python and under a hand-written lax.cond)
+        weak = bool(getattr(x, 'weak_type', False) and getattr(y, 'weak_type', False))
+        spec.append(('d', (x.shape, x.dtype if x.dtype == y.dtype else jnp.result_type(_promo(x), _promo(y)), weak)))
       else:
         raise error(info, f'{what} is {_describe(x)} in the if branch but {_describe(y)} in the else '
                           f'branch of this `if` on a traced condition',
@@ -339,7 +343,8 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     res = []
     for i, (_, spec) in plan.items():
       ls = [None] * len(spec) if isinstance(st[i], Undefined) else jax.tree_util.tree_leaves(st[i])
-      res += [jnp.zeros(*sd) if v is None else jnp.asarray(v, sd[1]) for v, (k, sd) in zip(ls, spec) if k == 'd']
+      res += [_typed(jnp.zeros(sd[0], sd[1]) if v is None else v, sd[1], sd[2])
+              for v, (k, sd) in zip(ls, spec) if k == 'd']
     return res
 
   if _moves_only(jaxpr_t) and _moves_only(jaxpr_f):  # flags / assignments: a select is cheaper and safe
@@ -353,6 +358,20 @@ def if_stmt(pred, body: Callable, orelse: Callable, get_state: Callable, set_sta
     if i not in plan:
       final[i] = init[i] if name not in info.live else Undefined(name)
   set_state(tuple(final))
+
+
+def _typed(v, dtype, weak: bool):
+  """v as an array of dtype, weakly typed or not (jnp.asarray with a dtype always makes it strong)."""
+  v = jnp.asarray(v, dtype)
+  return _jax.with_weak_type(v, True) if weak and not _aval(v).weak_type else v
+
+
+def _promo(a):
+  """A stand-in for type promotion: a weakly typed value promotes as a Python scalar of its kind."""
+  a = _aval(a)
+  if not getattr(a, 'weak_type', False):
+    return np.zeros((), a.dtype)
+  return {'b': False, 'i': 0, 'u': 0, 'f': 0.0, 'c': 0j}.get(np.dtype(a.dtype).kind, np.zeros((), a.dtype))
 
 
 def _bool_sds(v):
@@ -462,8 +481,8 @@ class _Carry:
     for i in self.carried:
       leaves, _ = jax.tree_util.tree_flatten(state[i])
       for v, ref in zip(leaves, self.trees[i][0]):
-        if _is_dyn(ref):
-          out.append(jnp.asarray(v, _aval(ref).dtype))
+        if _is_dyn(ref):   # a weakly typed start (`s = 1.0`) stays weak, as lax loops keep it
+          out.append(_typed(v, _aval(ref).dtype, _aval(ref).weak_type and _aval(v).weak_type))
     return out
 
   def unpack(self, flat) -> tuple:
@@ -770,6 +789,27 @@ class _Collect:
 
   __len__ = __getitem__ = __iter__ = __bool__ = __add__ = __radd__ = _fail
 
+  def _slot(self, idx, where):
+    """`idx` as a position in this iteration's elements: only a static negative index reaches them
+    (xs[-1] is the element just appended); anything else names elements of other iterations."""
+    from .errors import where as _where
+    if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool) and -len(self.items) <= idx < 0:
+      return len(self.items) + int(idx)
+    at = f'\n  at {_where(*where)}' if where else ''
+    raise AutographError(f"list '{self.name}' is appended to in a traced loop, so inside the loop only the "
+                         f"elements this iteration appended can be assigned (xs[-1] = v after xs.append(...)); "
+                         f"index {idx!r} reaches elements of other iterations{at}\n  fix: assign the value "
+                         f"before appending it, or assign after the loop (or preallocate an array and "
+                         f"assign xs = xs.at[i].set(v))")
+
+  def set(self, idx, v, where=None):
+    items = list(self.items)
+    items[self._slot(idx, where)] = v
+    return _Collect(self.name, items)
+
+  def get(self, idx, where=None):
+    return self.items[self._slot(idx, where)]
+
 
 jax.tree_util.register_pytree_node(_Collect, lambda c: (c.items, (c.name, len(c.items))),
                                    lambda aux, items: _Collect(aux[0], list(items)))
@@ -963,25 +1003,53 @@ _IOPS = {'+': operator.iadd, '-': operator.isub, '*': operator.imul, '/': operat
          '&': operator.iand, '|': operator.ior, '^': operator.ixor, '<<': operator.ilshift, '>>': operator.irshift}
 
 
-def setitem(x, idx, v):
+def setitem(x, idx, v, where: tuple | None = None):
   """x[idx] = v; on a JAX array this is x.at[idx].set(v) and the caller rebinds x."""
   if isinstance(x, jax.Array):
     return x.at[idx].set(v)
+  if isinstance(x, _Collect):
+    return x.set(idx, v, where)
+  if type(x) is list and is_traced(idx):
+    return _list_set(x, idx, lambda old: v, where)
   if type(x) in (list, dict) and _DEPTH[0]:  # tracing a traced branch: never mutate (see append)
     x = x.copy()
   x[idx] = v
   return x
 
 
-def setitem_op(x, idx, op: str, v):
+def setitem_op(x, idx, op: str, v, where: tuple | None = None):
   """x[idx] op= v."""
   if isinstance(x, jax.Array):
     m = _AT.get(op)
     return getattr(x.at[idx], m)(v) if m else x.at[idx].set(_OPS[op](x[idx], v))
+  if isinstance(x, _Collect):
+    return x.set(idx, _IOPS[op](x.get(idx, where), v), where)
+  if type(x) is list and is_traced(idx):
+    return _list_set(x, idx, lambda old: _IOPS[op](old, v), where)
   if type(x) in (list, dict) and _DEPTH[0]:
     x = x.copy()
   x[idx] = _IOPS[op](x[idx], v)
   return x
+
+
+def _list_set(xs: list, i, new: Callable, where: tuple | None):
+  """`xs[i] = new(xs[i])` on a Python list with a traced index: every element becomes a select between
+  itself and the new value (the list stays a list, as in Python); elements must be arrays of one type."""
+  from .errors import where as _where
+  at = f'\n  at {_where(*where)}' if where else ''
+  n = len(xs)
+  vals = [new(e) if _is_dyn(e) else None for e in xs]
+  if not xs or any(v is None or jnp.shape(v) != jnp.shape(e) or jnp.result_type(v) != jnp.result_type(e)
+                   for v, e in zip(vals, xs)):
+    raise AutographError(f'cannot assign into this list at a traced index: it needs elements that are arrays of '
+                         f'the assigned value\'s shape and dtype{at}\n  fix: stack the list into an array first '
+                         f'(xs = jnp.stack(xs); xs = xs.at[i].set(v)), or keep the index a Python int')
+  k = jnp.where(i < 0, i + n, i)   # Python's negative indices
+  out = [jnp.where(k == j, v, e) for j, (v, e) in enumerate(zip(vals, xs))]
+  if _DEPTH[0]:
+    return out
+  xs[:] = out
+  return xs
 
 
 _SKIP_MODULES = ('jax', 'jaxlib', 'numpy', 'jaxform', 'builtins', 'functools', 'operator', 'math',

@@ -35,6 +35,7 @@ from ..ir import Graph, Node, Value
 from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
 from ..ir.toposort import producers_first
+from ..ir.linearity import linear_operands
 from ..ir.graph import OUT
 from ..ir.regions import CALLS
 from . import register
@@ -116,14 +117,20 @@ def _worth(cands: list[Node]) -> list[Node]:
 
 # ---- moving nodes out of one region ----------------------------------------------
 
-def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs) -> list[Node]:
+def _move_out(target: Graph, owner: Node, region: Graph, outer_of: dict[int, Value], add_inputs,
+              keep_weak: bool = False) -> list[Node]:
     """Move the invariant nodes of `region` (a body of `owner`, itself a node of `target`) into `target`.
 
     outer_of maps region values known invariant (by id) to the `target` value they equal.
     add_inputs(values) makes each value a new constant operand of `owner` and returns
     the region inputs that receive them. Returns the moved nodes, now in `target`.
+    keep_weak (scan): work reading a weakly typed float loop constant stays. `grad` gives such a
+    constant a weakly typed cotangent only through the scan's transpose (which accumulates it in
+    the constant's type); work moved out is transposed on its own (a matmul's is strong), so
+    `grad(optimize(f))` would change type (~float32[3] -> float32[3]). No other op restores it.
     """
-    known, cands = set(outer_of), []
+    known = {k for k, v in outer_of.items() if not (keep_weak and not v.is_literal and _weak_float(v))}
+    cands = []
     for n in producers_first(region.nodes):
         if _movable(n, known):
             cands.append(n)
@@ -200,7 +207,12 @@ def _from_scan(graph: Graph, node: Node) -> bool:
         node.params["num_consts"] = at + len(values)
         return new
 
-    return bool(_move_out(graph, node, body, outer_of, add_inputs))
+    return bool(_move_out(graph, node, body, outer_of, add_inputs, keep_weak=True))
+
+
+def _weak_float(v: Value) -> bool:
+    import numpy as np
+    return bool(getattr(v.aval, "weak_type", False)) and np.issubdtype(v.aval.dtype, np.inexact)
 
 
 def _from_while(graph: Graph, node: Node) -> bool:
@@ -321,12 +333,6 @@ def _safe_key(node: Node, names: dict):
 
 # ---- sum first, pull back once: linear accumulations in scan carries ----------------------
 
-LINEAR_ALL = frozenset({"add", "add_any", "sub"})      # linear in every operand
-LINEAR_FIRST = frozenset({"neg", "transpose", "reshape", "reduce_sum", "broadcast_in_dim", "squeeze",
-                          "expand_dims", "copy", "copy_p", "rev", "convert_element_type", "div"})
-LINEAR_ONE = frozenset({"mul", "dot_general"})          # linear in one operand, the other a loop constant
-
-
 @register(exact=False, loops=True)
 def sum_then_pull_back(graph: Graph) -> Graph:
     """Rewrite a scan carry `acc + L(m_t)`, L linear with loop-constant coefficients, as `acc + L(sum_t m_t)`.
@@ -387,14 +393,9 @@ def _linear_region(r: Value, consts: dict[int, Value]):
     def visit(v: Value, root: bool) -> None:
         p = v.producer
         lin = None
-        if p is not None and (root or all(u is not OUT for u, _ in v.uses)) and not p.effects and not p.regions:
-            if p.name in LINEAR_ALL and not any(const(x) for x in p.inputs):
-                lin = list(p.inputs)
-            elif p.name in LINEAR_FIRST and not const(p.inputs[0]) and all(const(x) for x in p.inputs[1:]):
-                lin = [p.inputs[0]]
-            elif p.name in LINEAR_ONE and len(p.inputs) == 2 and sum(map(const, p.inputs)) == 1:
-                lin = [x for x in p.inputs if not const(x)]
-        if lin is None or (p.name == "convert_element_type" and not _float(p)):
+        if p is not None and (root or all(u is not OUT for u, _ in v.uses)):
+            lin = linear_operands(p, const)   # per primitive and dtype; no dtype change inside L
+        if lin is None:
             sources[v.id] = v
             return
         if id(p) not in nodes:
@@ -412,11 +413,6 @@ def _linear_region(r: Value, consts: dict[int, Value]):
                 return None
     (m,) = sources.values()
     return producers_first(nodes.values()), m
-
-
-def _float(node: Node) -> bool:
-    import numpy as np
-    return all(np.issubdtype(v.aval.dtype, np.inexact) for v in node.inputs + node.outputs)
 
 
 def _rewrite(graph, node, loop, j, add, call, owner, rr, r, nodes, m, consts) -> None:

@@ -54,7 +54,8 @@ def thin_residuals(graph: Graph) -> Graph:
     for node in list(graph.nodes):
         for sub in node.subgraphs():
             thin_residuals(sub)
-    scans = lambda: [n for n in graph.nodes if n.name == "scan" and not n.dead]  # noqa: E731
+    # A loop of no steps stacks nothing to thin (and a step-back read of its [0, ...] stack does not exist).
+    scans = lambda: [n for n in graph.nodes if n.name == "scan" and not n.dead and n.params["length"] > 0]  # noqa: E731
     changed = False
     for n in scans():
         changed |= stack_once(graph, n)

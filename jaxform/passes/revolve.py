@@ -87,23 +87,27 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
     def run(consts, carry, xs):
         return lax.scan(functools.partial(step, consts), carry, xs, length=length)
 
-    perturbed: dict = {}   # which xs leaves are differentiated (trace-time flags from fwd, for bwd)
-
     def fwd(consts, carry, xs):
         value = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
-        perturbed["xs"] = [p.perturbed for p in jax.tree_util.tree_leaves(xs)]
+        # Which xs leaves are differentiated reaches bwd in the residuals, as the length (1 or 0) of one empty
+        # marker each: a rule is a pure function of its arguments. A flag kept on the Python side by one fwd trace
+        # was read by the bwd of another (JAX memoizes fwd traces): zero gradients w.r.t. xs after a gradient
+        # w.r.t. the weights. Not in the tree structure either: JAX unflattens residuals with the structure of
+        # the latest fwd trace, while each trace's avals (so the markers' shapes) are its own.
+        wanted = [jnp.zeros((1 if p.perturbed else 0,), jnp.int8) for p in jax.tree_util.tree_leaves(xs)]
         consts, carry, xs = value(consts), value(carry), value(xs)
-        return run(consts, carry, xs), (consts, carry, xs)
+        out = lax.scan(functools.partial(step, consts), carry, xs, length=length)   # plain: fwd is jvp-able
+        return out, (consts, carry, xs, wanted)
 
     def bwd(res, ct):
-        consts, carry0, xs = res
+        consts, carry0, xs, wanted = res
+        wanted = [w.shape[0] == 1 for w in wanted]
         ct_carry, ct_ys = ct
         zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
         ct_ys = jax.tree_util.tree_map(_instantiate, ct_ys, run_out_ys(consts, carry0, xs))
         ct_carry = jax.tree_util.tree_map(_instantiate, ct_carry, carry0)
         x_leaves, x_tree = jax.tree_util.tree_flatten(xs)
         table = jnp.asarray(packed)
-        wanted = perturbed["xs"]
         x_at = lambda t: jax.tree_util.tree_map(lambda x: x[t], xs)   # noqa: E731
         store = jax.tree_util.tree_map(lambda c: jnp.zeros((slots, *jnp.shape(c)), jnp.result_type(c)), carry0)
         steps = jnp.zeros(slots, jnp.int32)   # the step each slot's carry is before
@@ -140,7 +144,8 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
                 return c, t, store, steps, dc, k2, x2
             return (i + 1, *lax.switch(op, [save, load, adv, rev]))
 
-        state = (0, carry0, 0, store, steps, ct_carry, zeros(consts),
+        i32 = lambda n: jnp.asarray(n, jnp.int32)   # noqa: E731  (a Python int is int64 under jax_enable_x64)
+        state = (i32(0), carry0, i32(0), store, steps, ct_carry, zeros(consts),
                  [jnp.zeros_like(x) for x, w in zip(x_leaves, wanted) if w])
         *_, ct_c, ct_k, ct_xs = lax.while_loop(lambda s: s[0] < table.shape[0], body, state)
         it = iter(ct_xs)   # xs that are not differentiated get no cotangent buffer at all

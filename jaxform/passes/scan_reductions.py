@@ -492,7 +492,18 @@ def _kahan_sum(loop: ScanLoop, init: Value, step: Value, acc_op: str, t: Node, p
     acc, comp = loop.add_carry(init), loop.add_carry(init)
     y = _add(body, "sub", [step, comp.inner], t)
     total = _add(body, "add", [acc.inner, y], t)
-    comp.set_next(_where(body, p, comp.inner, _add(body, "sub", [_add(body, "sub", [total, acc.inner], t), y], t), t))
+    low = _add(body, "sub", [_add(body, "sub", [total, acc.inner], t), y], t)
+    # IEEE semantics: once the sum is inf or NaN, (total - acc) - y is inf - inf = NaN, which would poison every
+    # later step (a -inf log-likelihood term would give NaN). Where the sum is not finite there are no dropped
+    # low-order bits to keep: the compensation is 0 and the running sum lands exactly where the plain one does.
+    zero = Graph.literal(0, low.aval.dtype, weak_type=low.aval.weak_type)
+    zero = _vary(body, _add(body, "broadcast_in_dim", [zero], t, shape=low.aval.shape, broadcast_dimensions=(),
+                            sharding=None), low.aval, t)
+    low = _add(body, "select_n", [_add(body, "is_finite", [total], t), zero, low], t)
+    # The compensation is a rounding correction: its tangent is (acc' + y' - acc') - y' = 0. Without the tangent,
+    # grad keeps no per-step residual for the select (the planner measured +7 KiB on a 200-step RNN loss).
+    low = _add(body, "stop_gradient", [low], t)
+    comp.set_next(_where(body, p, comp.inner, low, t))
     acc.set_next(_where(body, p, acc.inner, total, t))
     return acc.result
 

@@ -805,3 +805,104 @@ def _fd(fn, args, eps=1e-4):
     f = lambda x: float(np.asarray(fn(x if x.shape else float(x), *args[1:]), np.float64).sum())
     g[idx] = (f(hi) - f(lo)) / (2 * eps)
   return g
+
+
+# issue 26, finding 5: a traced `if` (or loop) whose branches assign a weakly typed value returned it strongly
+# typed, so bf16 activations * scale became float32 under jit(autograph(g)) while Python, eager autograph and a
+# hand-written lax.cond keep bfloat16. Types must be the ones lax.cond / lax loops give.
+def _weak_if(x, flag):
+    if flag > 0:
+        scale = 2.0
+    else:
+        scale = 0.5
+    return x * scale
+
+
+def _weak_if_mixed(x, flag):   # weak f32 vs bf16: promotes to bf16, as in Python
+    if flag > 0:
+        scale = 2.0
+    else:
+        scale = x[0] * 0 + 3
+    return x * scale
+
+
+def _weak_for(x, n):
+    s = 1.0
+    for _ in range(n):
+        s = s * 0.5
+    return x * s
+
+
+def _weak_while(x, n):
+    s, i = 1.0, 0
+    while i < n:
+        s = s * 0.5
+        i += 1
+    return x * s
+
+
+@pytest.mark.parametrize("fn", [_weak_if, _weak_if_mixed, _weak_for, _weak_while], ids=lambda f: f.__name__)
+def test_weak_types_survive_traced_control_flow(fn):
+    x = jnp.linspace(-1, 1, 4).astype(jnp.bfloat16)
+    want = fn(x, 3)
+    assert want.dtype == jnp.bfloat16
+    for got in (jax.jit(autograph(fn))(x, 3), autograph(fn)(x, 3)):
+        assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type)
+        np.testing.assert_array_equal(np.float32(got), np.float32(want))
+    ref = jax.jit(lambda x, f: x * jax.lax.cond(f > 0, lambda: 2.0, lambda: 0.5))(x, 3)
+    assert fn is not _weak_if or ref.dtype == want.dtype
+
+
+# issue 26, finding 9: a list built by `append` in a traced loop and assigned by index (in the loop, or after it
+# with a traced index) raised a jaxform internal error (TypeError: '_Collect' object does not support item
+# assignment; TracerIntegerConversionError). It now works where Python's meaning is expressible, else it is an
+# AutographError at the user's line.
+def _append_then_set_last(x):
+    xs = []
+    for r in x:
+        xs.append(r * 2)
+        xs[-1] = r * 3
+    return xs
+
+
+def _append_then_augassign_last(x):
+    xs = []
+    for r in x:
+        xs.append(r * 2)
+        xs[-1] += 1
+    return xs
+
+
+def _append_then_set_traced_index(x, k):
+    xs = []
+    for r in x:
+        xs.append(r * 2)
+    xs[k] = x[0] - 7
+    xs[k] += 1
+    return xs
+
+
+@pytest.mark.parametrize("fn,args", [(_append_then_set_last, ()), (_append_then_augassign_last, ()),
+                                     (_append_then_set_traced_index, (1,)), (_append_then_set_traced_index, (-3,))],
+                         ids=["set_last", "augassign_last", "traced_index", "traced_negative_index"])
+def test_list_from_append_assigned_by_index(fn, args):
+    x = jnp.arange(6.0).reshape(3, 2)
+    want = fn(x, *args)
+    for got in (jax.jit(autograph(fn))(x, *args), autograph(fn)(x, *args)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_list_from_append_assigned_at_another_iteration_is_an_autograph_error():
+    from jaxform.autograph import AutographError
+
+    def f(x):
+        xs = []
+        for r in x:
+            xs.append(r * 2)
+            xs[0] = r
+        return xs
+    with pytest.raises(AutographError, match=r"(?s)only the elements this iteration appended.*xs\[0\] = r") as e:
+        jax.jit(autograph(f))(jnp.ones((3, 2)))
+    assert f"{__file__}:{f.__code__.co_firstlineno + 4}" in str(e.value)

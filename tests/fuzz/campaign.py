@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/fuzz/campaign.py --examples 300 --seed 1 --budget 280 --out /tmp/c1.json
     .venv/bin/python tests/fuzz/campaign.py --merge /tmp/c*.json
+    .venv/bin/python tests/fuzz/campaign.py --edge --examples 150 --seed 1 --out /tmp/e1.json   # issue 26 classes
 
 Each program is checked like in test_fuzz.py (every pipeline, the round trip, and
 the x64 ones, or with --api all, through the optimize() API too), but mismatches are collected per program
@@ -23,10 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
 from fuzz.differential import STATS, check, pipelines  # noqa: E402
-from fuzz.programs import programs  # noqa: E402
+from fuzz.programs import edge_programs, programs  # noqa: E402
 
 
 API = False  # --api: every program also through optimize() (default: the x64 ones)
+EDGE = False  # --edge: issue 26's programs (edge_programs: special values, mixed precision, integer bodies, ...)
 
 
 def run(examples: int, s: int, budget: float = float("inf"), out: str | None = None) -> dict:
@@ -42,7 +44,7 @@ def run(examples: int, s: int, budget: float = float("inf"), out: str | None = N
     @seed(s)
     @settings(max_examples=examples, deadline=None, database=None, print_blob=False, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(programs())
+    @given(edge_programs() if EDGE else programs())
     def one(prog):
         if time.time() - t0 > budget:
             return
@@ -91,10 +93,11 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--api", action="store_true")
+    ap.add_argument("--edge", action="store_true", help="issue 26's edge programs instead of the general ones")
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds; stop generating after that")
     a = ap.parse_args()
-    global API
-    API = a.api
+    global API, EDGE
+    API, EDGE = a.api, a.edge
     if a.merge:
         data = {"stats": collections.Counter(), "found": collections.Counter(), "repro": {}, "errors": [],
                 "seconds": 0.0, "pipelines": set()}

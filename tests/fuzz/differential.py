@@ -46,6 +46,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import jaxform
 from jaxform import _jax, passes
@@ -291,6 +292,68 @@ def check_api(prog, args, tol):
             _close(want, got, "api_values", ["optimize"], f"x64={x64}: optimize(f) vs jit(f)", tol)
 
 
+# Forward mode (jvp) of a loop scheduled by revolve fails: revolve is a custom_vjp (issue 26, finding 4, open).
+# Counted as "known_open:<kind>" and collected in campaigns, never raised in CI.
+KNOWN_OPEN = {"forward_mode_revolve"}
+SCHEDULES = {"none": None, "min": "min", "revolve": 1}   # memory=1 (one byte): binomial checkpointing
+
+
+def _types_and_values(want, got, kind, who, what, tol):
+    if _leaf_types(want) != _leaf_types(got):
+        raise Mismatch(kind + "_dtype", who, f"{what}: dtype/weak_type differ: {_leaf_types(want)} vs "
+                                             f"{_leaf_types(got)}")
+    _close(want, got, kind, who, what, tol)
+
+
+def check_api_repeated(prog, args, tol, fail):
+    """One optimized function called again and again as a user does (issue 26 findings 3, 4, 6): gradients with
+    alternating argnums, the same function on x and on stop_gradient(x) in one loss, and forward mode, for
+    every memory schedule; values, dtypes and weak types against plain JAX."""
+    fn, n = prog.fn, len(jax.tree_util.tree_leaves(args))
+    grad = lambda f, argnums: jax.jit(jax.grad(f, argnums))   # noqa: E731  (one compile, not op by op)
+    loss = lambda f: (lambda *a: _programs.functional(f(*a)))   # noqa: E731
+    both = lambda f: (lambda *a: _programs.functional(f(*a)) + 2 * _programs.functional(  # noqa: E731
+        f(lax.stop_gradient(a[0]), *a[1:])))
+    tangents = tuple(jnp.ones_like(jnp.asarray(a)) if not isinstance(a, float) else 1.0 for a in args)
+    wants: dict = {}   # plain JAX's results, computed once for every schedule
+
+    def want(key, f):
+        if key not in wants:
+            wants[key] = f()
+        return wants[key]
+    for sched, memory in SCHEDULES.items():
+        STATS[f"api_schedule:{sched}"] += 1
+        # the default pipeline (planned); for a schedule, a fixed pipeline so that the planner cannot decline it
+        opt = jaxform.optimize(fn, passes=None if memory is None else ["hoist_loop_invariants", "dce"],
+                               memory=memory, strict=True)
+        who = [f"optimize(memory={memory!r})"]
+        if sched == "revolve" and "custom_vjp" in str(jaxform.trace(opt, *args)):
+            STATS["api_schedule:revolve_applied"] += 1
+        try:   # the first and last argument alternately (a cache hit of the rules traced for the other)
+            for argnums in ((n - 1,), (0,), (n - 1,)) if sched != "min" else ():
+                _types_and_values(want(argnums, lambda: grad(loss(fn), argnums)(*args)),
+                                  grad(loss(opt), argnums)(*args),
+                                  "api_grad", who, f"grad argnums={argnums}", tol)
+            if sched == "revolve":
+                _types_and_values(grad(both(fn), tuple(range(n)))(*args), grad(both(opt), tuple(range(n)))(*args),
+                                  "api_grad", who, "grad of f(x) + 2 f(stop_gradient(x))", tol)
+        except Mismatch as e:
+            fail(e)
+        except Exception as e:   # noqa: BLE001 - plain JAX ran it (above, first), optimize must too
+            fail(Mismatch("api_crash", who, f"grad: {type(e).__name__}: {e}"))
+        try:
+            w = want("jvp", lambda: jax.jit(lambda *a: jax.jvp(fn, a, tangents))(*args))
+        except Exception:   # noqa: BLE001 - JAX cannot: nothing to compare
+            continue
+        try:
+            _types_and_values(w, jax.jit(lambda *a: jax.jvp(opt, a, tangents))(*args), "api_jvp", who, "jvp", tol)
+        except Mismatch as e:
+            fail(e)
+        except Exception as e:   # noqa: BLE001
+            kind = "forward_mode_revolve" if sched == "revolve" and "custom_vjp" in str(e) else "api_jvp_crash"
+            fail(Mismatch(kind, who, f"jvp: {type(e).__name__}: {e}"))
+
+
 def check(prog, names: dict[str, list[str]] | None = None, api: bool | None = None,
           collect: list | None = None) -> list[str]:
     """Check `prog` (a fuzz Program) under each pipeline; return the names of those that changed it.
@@ -305,6 +368,11 @@ def check(prog, names: dict[str, list[str]] | None = None, api: bool | None = No
 
 def _check(prog, names, api, collect):
     def fail(e: Mismatch):
+        if e.kind in KNOWN_OPEN:
+            STATS[f"known_open:{e.kind}"] += 1
+            if collect is not None:
+                collect.append(e)
+            return
         if collect is None:
             raise AssertionError(f"{e}\n--- program ---\n{prog}") from e
         collect.append(e)
@@ -394,6 +462,9 @@ def _check(prog, names, api, collect):
             check_api(prog, args, tol)
         except Mismatch as e:
             fail(e)
+    if prog.api_checks:
+        STATS["api_repeated"] += 1
+        check_api_repeated(prog, args, tol, fail)
     for name in changed:
         if name != "ROUNDTRIP":
             STATS[f"{name}:changed"] += 1

@@ -121,6 +121,9 @@ class Program:
     extra: tuple = ()
     features: frozenset = frozenset()
     grad: str = ""              # "grad"/"value_and_grad": the program under test is grad_program(f)
+    special: tuple = ()         # (flat argument index, flat position, kind): a special value put in args()
+    weak_args: tuple = ()       # flat argument indices passed as Python floats (weakly typed scalars)
+    api_checks: bool = False    # also: repeated grads with alternating argnums / stop_gradient, jvp per schedule
 
     @property
     def nargs(self) -> int:
@@ -136,6 +139,19 @@ class Program:
         rng = np.random.default_rng(seed)
         xs = [jnp.asarray(rng.uniform(-2, 2, s).astype(np.float32)) for s in self.shapes]
         ws = tuple(jnp.asarray(rng.uniform(-1, 1, s).astype(np.float32)) for s in self.extra)
+        if self.special or self.weak_args:
+            flat = [np.array(x) for x in xs + list(ws)]
+            for i, pos, kind in self.special:
+                if kind in FILL:
+                    flat[i][...] = FILL[kind]
+                elif flat[i].size:
+                    v = flat[i].reshape(-1)
+                    v[pos % v.size] = SPECIAL[kind]
+                    if kind == "near_overflow":   # two of one sign: their sum overflows in any order
+                        v[(pos + 1) % v.size] = SPECIAL[kind]
+            flat = [(float(x) if np.ndim(x) == 0 else _weak_array(x)) if i in self.weak_args else jnp.asarray(x)
+                    for i, x in enumerate(flat)]
+            xs, ws = flat[:len(xs)], tuple(flat[len(xs):])
         if self.tree:
             return (xs[0], {"a": xs[1], "b": tuple(xs[2:])}) + ws
         return tuple(xs) + ws
@@ -158,6 +174,17 @@ class V:
     kind: str = "f"  # f: real float, i: int scalar index, r: Ref{float32}, c: complex64
     dtype: str = "float32"
     weak: bool = False
+
+
+SPECIAL = {"inf": np.inf, "-inf": -np.inf, "nan": np.nan, "-0.0": -0.0, "near_overflow": 3.0e38,
+           "subnormal": 1e-40, "zero": 0.0}
+FILL = {"ones": 1.0}   # special kinds that fill the whole argument
+
+
+def _weak_array(x) -> jax.Array:
+    """x as a weakly typed array (what `jnp.full((3,), 0.4)` gives a user)."""
+    from jaxform import _jax
+    return _jax.with_weak_type(jnp.asarray(x), True)
 
 
 def _promote(x: V, y: V) -> str:
@@ -869,3 +896,146 @@ def programs(draw, max_stmts: int = 6) -> Program:
         g.features |= {"grad_program", f"grad_program:{mode}"}
     return Program("\n".join([head] + lines) + "\n", shapes, tree, g.reverse_diff, g.forward_diff, g.vmap, x64,
                    tuple(g.extra), frozenset(g.features), mode)
+
+
+# ---- issue 26: edge programs (special values, mixed precision, integer bodies, lengths 0/1, weak scalars) ----
+
+EDGE_LENGTHS = [0, 1, 2, 65, 130]   # 65 > fuse_scan_reductions.COMPENSATE_AFTER: compensated sums
+EDGE_TERMS = ["jnp.log(jnp.abs(x))", "x * w0", "jnp.exp(x * 40.0)", "x * 1e30", "jnp.sqrt(x)", "x / (x - x)"]
+EDGE_REDS = ["jnp.sum(ys)", "jnp.mean(ys)", "jnp.max(ys)", "jnp.sum(ys * ys)", "jnp.sum(ys[1:])", "ys[-1:].sum()"]
+MIXED = {   # name: (m from x0, W from w0, the step's L(m_t), the accumulator's start)
+    "f16_dot_f32": ("x0.astype(jnp.float16)", "w0.astype(jnp.float16)",
+                    "lax.dot_general(mt, W, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)",
+                    "jnp.zeros((1, 2), jnp.float32)"),
+    "bf16_dot_f32": ("x0.astype(jnp.bfloat16)", "w0.astype(jnp.bfloat16)",
+                     "lax.dot_general(mt, W, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)",
+                     "jnp.zeros((1, 2), jnp.float32)"),
+    "f16_convert_f32": ("x0.astype(jnp.float16)", "w0.astype(jnp.float16)", "(mt @ W).astype(jnp.float32)",
+                        "jnp.zeros((1, 2), jnp.float32)"),
+    "int8_dot_int32": ("jnp.round(x0 * 3).astype(jnp.int8)", "jnp.round(w0 * 3).astype(jnp.int8)",
+                       "lax.dot_general(mt, W, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)",
+                       "jnp.zeros((1, 2), jnp.int32)"),
+    "int16_dot_int32": ("jnp.round(x0 * 100).astype(jnp.int16)", "jnp.round(w0 * 100).astype(jnp.int16)",
+                        "lax.dot_general(mt, W, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)",
+                        "jnp.zeros((1, 2), jnp.int32)"),
+    "int32_div": ("jnp.round(x0 * 3).astype(jnp.int32)", "jnp.round(w0 * 3).astype(jnp.int32)",
+                  "lax.div(mt @ W, 3)", "jnp.zeros((1, 2), jnp.int32)"),
+    "f32_div": ("x0", "w0", "(mt @ W) / 3.0", "jnp.zeros((1, 2), jnp.float32)"),
+}
+INT_OPS = ["lax.div(c * 3 + k, 2)", "lax.rem(c + k, 5)", "lax.shift_left(c, 1) ^ k",
+           "lax.shift_right_arithmetic(c, 1) + k",
+           "lax.shift_right_logical(c + k, 2)", "(c * 7 + k) // 3", "(c - k) % 4"]
+
+
+def edge_program(kind: str, L: int, variant: int = 0, special: str = "", pos: int = 0, grad: str = "",
+                 api: bool = False, fill: bool = False) -> Program:
+    """One issue 26 program: `kind` special | mixed | int_body | weak_scalar | rnn, loop length L, `variant`
+    picks the term/reduction (special), accumulation (mixed) or integer op (int_body); `special` a SPECIAL
+    kind put at flat position `pos` of the loop's input; `grad` makes it a grad program; `api` adds the
+    API checks (repeated grads with alternating argnums / stop_gradient, jvp per memory schedule)."""
+    feats = {"edge", f"edge:{kind}", f"length:{L if L < 3 else 'long'}"}
+    specials, weak = (), ()
+    if kind == "special":
+        term, red = EDGE_TERMS[variant % len(EDGE_TERMS)], EDGE_REDS[(variant // len(EDGE_TERMS)) % len(EDGE_REDS)]
+        wide = variant % 2 == 1
+        shapes = ((L, 3) if wide else (L,), (3,) if wide else ())
+        src = f"""def f(x0, w0):
+    def body(c, x):
+        t = {term}
+        return c + t, t
+    c, ys = lax.scan(body, {'jnp.zeros(3)' if wide else '0.0'}, x0)
+    return {{'out': {red}, 'aux': (c,)}}
+"""
+        feats |= {f"term:{term}", f"reduce:{red}"}
+    elif kind == "mixed":
+        name = list(MIXED)[variant % len(MIXED)]
+        m, W, step, init = MIXED[name]
+        shapes = ((L, 1, 3), (3, 2))
+        src = f"""def f(x0, w0):
+    m = {m}
+    W = {W}
+    def body(acc, mt):
+        return acc + {step}, None
+    acc, _ = lax.scan(body, {init}, m)
+    return {{'out': acc, 'aux': (jnp.sum(m.astype(jnp.float32)) * 0.5,)}}
+"""
+        feats |= {f"mixed:{name}"} | ({"float16"} if "f16" in name else {"bfloat16"} if "bf16" in name else set())
+        if fill:   # ones: 3000 float16 steps of 1.0 saturate a float16 sum at 2048
+            specials = ((0, 0, "ones"),)
+            feats.add("special:ones")
+    elif kind == "int_body":
+        op = INT_OPS[variant % len(INT_OPS)]
+        shapes = ((L,),)
+        src = f"""def f(x0):
+    ks = jnp.round(x0 * 7).astype(jnp.int32)
+    def body(c, k):
+        c = {op}
+        return c, c * 2 - k
+    c, ys = lax.scan(body, jnp.int32(1), ks)
+    return {{'out': jnp.sum(ys), 'aux': (c, jnp.sum(x0 * x0), jnp.max(ys, initial=-5))}}
+"""
+        feats |= {f"int_op:{op}"}
+    elif kind == "weak_scalar":
+        shapes = ((L,), (), (3,))
+        src = """def f(x0, s, w):
+    def body(c, x):
+        return c * s + (w @ jnp.ones(3)) * x, (x * s).astype(jnp.bfloat16) * s
+    c, ys = lax.scan(body, 0.0, x0)
+    return {'out': c, 'aux': (ys.sum(), s * 2.0, jnp.full((3,), 0.4) * s)}
+"""
+        weak = () if grad else (1, 2)   # s a Python float, w a weakly typed array (issue 26, finding 6)
+        feats |= {"weak_type", "weak_type:python_scalar", "bfloat16"}
+    else:   # a carry large next to revolve's schedule table (16 bytes a step), so a 1-byte budget picks revolve
+        shapes = ((16, 16), (L, 4, 16))
+        src = """def f(w0, x0):
+    def cell(h, x):
+        h = jnp.tanh(h @ (w0 * 0.1) + x)
+        return h, h
+    h, ys = lax.scan(cell, jnp.zeros(x0.shape[1:]), x0)
+    return jnp.sum(ys ** 2) + jnp.sum(h)
+"""
+    if special:
+        specials = ((0 if kind != "rnn" else 1, pos, special),)
+        feats.add(f"special:{special}")
+    if grad:
+        feats |= {"grad_program", f"grad_program:{grad}"}
+        api = False   # a grad program differentiates every argument as an array
+    if api:
+        feats.add("api_checks")
+    return Program(src, shapes, False, True, True, True, False, (), frozenset(feats), grad, specials, weak, api)
+
+
+def edge_catalog() -> list[Program]:
+    """The fixed-seed CI share of issue 26's classes: every special value (in the inputs and along a loop,
+    under grad too), every mixed-precision accumulation, every integer op, lengths 0 and 1, weakly typed
+    scalars, and the API checks (alternating argnums, stop_gradient, jvp over every memory schedule)."""
+    out = [edge_program("special", [65, 2, 130, 1, 65, 70, 66][k], variant=k * 7 + k, special=sk, pos=3 * k + 1)
+           for k, sk in enumerate(SPECIAL)]
+    out += [edge_program("special", 0, variant=2, special="inf", grad="grad"),
+            edge_program("special", 65, variant=0, special="zero", pos=5, grad="value_and_grad")]
+    out += [edge_program("mixed", 3 if k != 0 else 3000, variant=k, fill=k == 0) for k in range(len(MIXED))]
+    out += [edge_program("int_body", [5, 1, 0, 9, 4, 7, 6][k], variant=k) for k in range(len(INT_OPS))]
+    out += [edge_program("weak_scalar", 4, api=True), edge_program("weak_scalar", 1)]
+    out += [edge_program("rnn", 65, api=True), edge_program("rnn", 0, grad="value_and_grad"),
+            edge_program("rnn", 1, grad="grad", special="nan", pos=2)]
+    return out
+
+
+@st.composite
+def edge_programs(draw) -> Program:
+    """A random issue 26 program (see edge_program), for campaigns."""
+    kind = ["special", "mixed", "int_body", "weak_scalar", "rnn"][draw(st.integers(0, 4))]
+    L = EDGE_LENGTHS[draw(st.integers(0, len(EDGE_LENGTHS) - 1))]
+    variant = draw(st.integers(0, 99))
+    special, pos, fill = "", 0, False
+    if kind in ("special", "rnn") and (kind == "special" or draw(st.integers(0, 2)) == 0):
+        special = list(SPECIAL)[draw(st.integers(0, len(SPECIAL) - 1))]
+        pos = draw(st.integers(0, 1000))
+    if kind == "mixed" and list(MIXED)[variant % len(MIXED)].startswith(("f16", "bf16", "int8")):
+        L = [0, 1, 3, 300, 3000][draw(st.integers(0, 4))]
+        fill = draw(st.booleans())
+    grad = ""
+    if kind in ("special", "rnn", "weak_scalar") and draw(st.integers(0, 2)) == 0:
+        grad = ["grad", "value_and_grad"][draw(st.integers(0, 1))]
+    api = kind in ("rnn", "weak_scalar") or draw(st.integers(0, 3)) == 0
+    return edge_program(kind, L, variant, special, pos, grad, api, fill)

@@ -469,3 +469,65 @@ def test_rng_uniform_is_never_hoisted():
     assert "rng_uniform" not in [n.name for n in g.nodes]
     draws = jaxform.to_function(jaxform.passes.fission(jaxform.trace(f, jnp.zeros(3))))(jnp.zeros(3))[1]
     assert not np.allclose(draws[0], draws[1])   # fission leaves it per step too
+
+
+# issue 26, finding 2: sum_then_pull_back summed m_t in m's dtype when L widens (f16 @ f16 -> f32, int8 @ int8
+# -> int32, a convert f16 -> f32) and treated integer div by a loop constant as linear. Linearity is now per
+# primitive and dtype (jaxform/ir/linearity.py) and L must keep the dtype the original accumulated in.
+def _dot(a, b, pet=None):
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=pet)
+
+
+def _acc(step, n, x, acc_dtype):
+    def f(w, xs):
+        return lax.scan(lambda acc, m: (acc + step(m, w), None), jnp.zeros((1, 1), acc_dtype), xs)[0]
+    w = jnp.ones((1, 1), x.dtype)
+    return f, (w, jnp.full((n, 1, 1), x, x.dtype))
+
+
+LINEARITY = {
+    "f16_dot_f32": _acc(lambda m, w: _dot(m, w, jnp.float32), 3000, np.float16(1), jnp.float32),
+    "int8_dot_int32": _acc(lambda m, w: _dot(m, w, jnp.int32), 100, np.int8(2), jnp.int32),
+    "f16_dot_convert_f32": _acc(lambda m, w: _dot(m, w).astype(jnp.float32), 3000, np.float16(1), jnp.float32),
+    "int_div": _acc(lambda m, w: lax.div(_dot(m, w), jnp.int32(3)), 18, np.int32(1), jnp.int32),
+}
+
+
+@pytest.mark.parametrize("name", list(LINEARITY))
+def test_pull_back_keeps_dtype_and_linearity(name):
+    f, args = LINEARITY[name]
+    after = run_passes(jax.make_jaxpr(f)(*args), [sum_then_pull_back], strict=True)
+    got, want = _jax.eval_jaxpr(after, *args)[0], f(*args)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_float_div_by_a_constant_is_still_pulled_back():
+    """The table keeps what is linear: a float division by a loop constant still leaves the loop."""
+    f, args = _acc(lambda m, w: _dot(m, w) / 3.0, 12, np.float32(1.5), jnp.float32)
+    after = run_passes(jax.make_jaxpr(f)(*args), [sum_then_pull_back], strict=True)
+    assert scan_count(Graph.from_jaxpr(after), "dot_general") == 0
+    np.testing.assert_allclose(_jax.eval_jaxpr(after, *args)[0], f(*args), rtol=1e-6)
+
+
+# issue 26, finding 6: grad gives a weakly typed scan constant a weakly typed cotangent (the scan's transpose
+# accumulates it in the constant's type); hoisted out of the loop, `w @ ones` was transposed on its own and
+# grad(optimize(f)) gave float32[3] where grad(f) gives ~float32[3].
+def test_hoisting_keeps_the_gradients_weak_type():
+    def f(w, xs):
+        return lax.scan(lambda c, x: (c + (w @ jnp.ones(3)) * x, None), 0.0, xs)[0]
+
+    def g(w, xs):   # the same with a strongly typed w: the work still leaves the loop
+        return f(w, xs)
+    w, xs = jnp.full((3,), 0.4), jnp.linspace(0.0, 1.0, 4)
+    assert w.weak_type
+    opt = jaxform.optimize(f, passes=["hoist_loop_invariants"], strict=True)
+    for argnums in (0, 1, (0, 1)):
+        want, got = jax.grad(f, argnums)(w, xs), jax.grad(opt, argnums)(w, xs)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert jax.typeof(a) == jax.typeof(b), (jax.typeof(a), jax.typeof(b))
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    ws = w.astype(jnp.float32)
+    assert not ws.weak_type
+    moved = Graph.from_jaxpr(run_passes(jax.make_jaxpr(g)(ws, xs), [hoist_loop_invariants], strict=True))
+    assert scan_count(moved, "dot_general") == 0

@@ -384,3 +384,54 @@ def test_impure_bodies_are_not_recomputed_pure_rng_and_custom_rules_are():
     np.testing.assert_allclose(jax.jit(f)(*args), keyed(*args), rtol=1e-6)
     for x, y in zip(jax.grad(f, (0, 1))(*args), jax.grad(keyed, (0, 1))(*args)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def _revolve_rnn(W, xs):
+    def cell(h, x):
+        h = jnp.tanh(h @ W + x)
+        return h, h
+    h, ys = lax.scan(cell, jnp.zeros(xs.shape[1:], xs.dtype), xs)
+    return jnp.sum(ys ** 2) + jnp.sum(h)
+
+
+# issue 26, finding 3: revolve's custom_vjp kept "which xs are differentiated" on the Python side, written by fwd's
+# trace and read by bwd; JAX caches traces, so grad w.r.t. xs after grad w.r.t. W (a cache hit) got zeros.
+def test_revolve_rule_is_pure_alternating_argnums():
+    W, xs = a(4, 4), a(23, 3, 4)
+    opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)   # 1-byte budget: revolve, one slot
+    assert "custom_vjp" in str(jaxform.trace(opt, W, xs))
+    for argnums in (1, 0, 1, (0, 1), 0, 1):   # a later trace of a fwd seen before is a cache hit
+        want = jax.grad(_revolve_rnn, argnums)(W, xs)
+        for got in (jax.grad(opt, argnums)(W, xs), jax.jit(jax.grad(opt, argnums))(W, xs)):
+            jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
+
+    def both(W, xs):   # in one loss: the same optimized function on xs and on stop_gradient(xs)
+        return opt(W, xs) + 2 * opt(W, lax.stop_gradient(xs))
+
+    def both_ref(W, xs):
+        return _revolve_rnn(W, xs) + 2 * _revolve_rnn(W, lax.stop_gradient(xs))
+    for argnums in (1, (0, 1)):
+        jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6),
+                               jax.grad(both, argnums)(W, xs), jax.grad(both_ref, argnums)(W, xs))
+
+
+# issue 26, finding 8 (the dtype): under jax_enable_x64 the interpreter's step counter started as a Python int
+# (int64) while the schedule table is int32: `switch branches must have equal output types` at jax.grad time.
+def test_revolve_under_x64():
+    with jax.enable_x64(True):
+        W, xs = a(4, 4), a(23, 3, 4)
+        opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
+        assert "custom_vjp" in str(jaxform.trace(opt, W, xs))   # revolve really ran
+        np.testing.assert_allclose(jax.grad(opt, 1)(W, xs), jax.grad(_revolve_rnn, 1)(W, xs), rtol=1e-5, atol=1e-6)
+
+
+# issue 26, finding 4 (open): forward mode over a loop scheduled by revolve fails, because revolve is a
+# custom_vjp (JAX cannot jvp one). Strict xfail: it turns red the day forward mode works, to be made a plain test.
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="issue 26 finding 4: jvp of revolve's custom_vjp")
+def test_revolve_forward_mode():
+    W, xs = a(4, 4), a(23, 3, 4)
+    opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
+    assert "custom_vjp" in str(jaxform.trace(opt, W, xs))
+    got = jax.jvp(opt, (W, xs), (W, xs))
+    want = jax.jvp(_revolve_rnn, (W, xs), (W, xs))
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)

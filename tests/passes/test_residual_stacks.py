@@ -783,3 +783,23 @@ def test_callback_sequence_unchanged(name):
     for mode in ("eager", "jit"):
         np.testing.assert_allclose(runs["thin", mode], runs["orig", mode], rtol=1e-6)
         assert len(runs["thin", mode]) == len(runs["orig", mode])
+
+
+# issue 26, finding 7: a length-0 scan under value_and_grad whose loss reads the states: shift_carries built a
+# size-1 dynamic_slice of the [0, ...] stack, so the pass failed (skipped with a warning on every call).
+@pytest.mark.parametrize("length", [0, 1, 2])
+def test_empty_and_one_step_loops(length):
+    def loss(w, xs):
+        def cell(h, x):
+            h = jnp.tanh(h * w + x)
+            return h, h
+        h, ys = lax.scan(cell, jnp.zeros(3), xs)
+        return jnp.sum(ys ** 2) + jnp.sum(h)
+    g = jax.value_and_grad(loss, argnums=(0, 1))
+    args = (jnp.float32(0.5), jnp.linspace(-1.0, 1.0, 3 * length, dtype=jnp.float32).reshape(length, 3))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no pass skipped with a warning
+        opt = jaxform.optimize(g, passes=["thin_residuals", "dce"], strict=True)
+        for run in (opt, jax.jit(opt)):
+            _close_typed(g(*args), run(*args), f"length {length}")

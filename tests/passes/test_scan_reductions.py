@@ -535,3 +535,32 @@ def test_explain_names_the_blocking_consumer():
     assert "test_scan_reductions.py" in u["where"] and "fn" in u["where"]
     assert "blocks it" in str(r) and "test_scan_reductions.py" in str(r)
     assert jaxform.explain(seed_loss, W, H0, XS, T, memory=False).unfused == []
+
+
+# issue 26, finding 1: a compensated sum computed (total - acc) - y = inf - inf once a term was infinite, so a
+# log-likelihood with one zero-probability step (log 0 = -inf) became NaN instead of -inf.
+@pytest.mark.parametrize("case", ["neg_inf_term", "pos_inf_term", "overflow", "nan_term", "inf_then_neg_inf"])
+@pytest.mark.parametrize("defer", [False, True])
+def test_compensated_sum_keeps_inf_and_nan(case, defer):
+    n = 200   # > COMPENSATE_AFTER: the sum is compensated
+    xs = np.linspace(0.1, 0.9, n).astype(np.float32)
+    if case == "neg_inf_term":
+        xs[37] = 0.0                        # log 0 = -inf
+    elif case == "pos_inf_term":
+        xs[37] = np.inf
+    elif case == "overflow":
+        xs[:] = 1e38                        # the running sum overflows to inf
+    elif case == "nan_term":
+        xs[37] = np.nan
+    else:
+        xs[37], xs[90] = np.inf, 0.0        # inf then -inf: NaN in the plain sum too
+    term = (lambda x: x) if case == "overflow" else jnp.log
+    f = lambda xs: jnp.sum(lax.scan(lambda c, x: (c, term(x)), 0.0, xs)[1])  # noqa: E731
+    closed = jax.make_jaxpr(f)(xs)
+    after = run_passes(closed, [lambda g: fuse_scan_reductions(g, defer=defer)], strict=True)
+    assert stacked(after) == []
+    want = f(xs)
+    for got in (_jax_eval(after, xs), jax.jit(lambda a: _jax_eval(after, a))(xs)):
+        assert np.isnan(got) == np.isnan(want) and np.isinf(got) == np.isinf(want), (got, want)
+        if not np.isfinite(want):
+            assert np.isnan(want) or got == want, (got, want)
