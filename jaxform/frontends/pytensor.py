@@ -515,11 +515,19 @@ def _register_pymc_ops(tb, st):
         return np.arange(*vals, dtype=node.outputs[0].type.dtype)
 
     @register(tb.Split)
-    def split(cv, node, x, axis, splits):
-        axis = int(cv.static(axis, node, "the axis"))
+    def split(cv, node, x, *rest):
+        # pytensor < 3.1: inputs (x, axis, splits); later: (x, splits) with the axis a property of the op
+        if len(rest) == 2:
+            axis, splits = int(cv.static(rest[0], node, "the axis")), rest[1]
+        else:
+            axis, splits = int(node.op.axis), rest[0]
         sizes = [int(s) for s in cv.static(splits, node, "the split sizes")]
         x = cv.value(x)
         axis %= x.ndim
+        if len(sizes) != node.op.len_splits or any(n < 0 for n in sizes) or sum(sizes) != x.shape[axis]:
+            raise ConversionError(f"jaxform: {_where(node)} splits axis {axis} of length {x.shape[axis]} into "
+                                  f"sizes {sizes}, which must be {node.op.len_splits} non-negative sizes summing "
+                                  "to that length. Fix the split sizes.")
         outs, lo = [], 0
         for n in sizes:
             start, limit = [0] * x.ndim, list(x.shape)
