@@ -387,6 +387,23 @@ def _register_all():
         s = b.broadcast_to(b.reshape(b.reduce_sum(e, axes), keep), x.shape)
         return e / s if isinstance(node.op, special.Softmax) else z - b.log(s)
 
+    if hasattr(special, "LogSumExp"):  # pytensor >= 3: an op (before, log(sum(exp(x))) stabilized by rewrites)
+        @register(special.LogSumExp)
+        def logsumexp(cv, node, x):
+            """max + log(sum(exp(x - max))), max held constant for autodiff (its total derivative is 0):
+            jax.nn.logsumexp's form, whose gradient is softmax(x) as PyTensor's pullback."""
+            b, dt = cv.b, node.outputs[0].type.dtype
+            x = cv.value(x, dt)
+            axes = tuple(range(x.ndim)) if node.op.axis is None else tuple(int(a) % x.ndim for a in node.op.axis)
+            keep = [1 if d in axes else n for d, n in enumerate(x.shape)]
+            if not axes:
+                return x
+            m = b.reduce_max(x, axes)
+            m = b.select_n(b.eq(b.abs(m), b.const(np.array(np.inf, dt))), m, b.const(np.array(0.0, dt)))
+            m = b.trace(jax.lax.stop_gradient, m)   # all -inf (or +inf): no offset, as PyTensor's inner graph
+            s = b.reduce_sum(b.exp(x - b.broadcast_to(b.reshape(m, keep), x.shape)), axes)
+            return b.log(s) + m
+
     @register(ts.Shape)
     def shape(cv, node, x):
         return np.asarray(_shape_of(x), dtype=node.outputs[0].type.dtype)
@@ -897,6 +914,18 @@ for _n, _p in [("Exp", "exp"), ("Log", "log"), ("Log1p", "log1p"), ("Expm1", "ex
     register_scalar(_n)(_unary_float(_p))
 for _n, _p in [("EQ", "eq"), ("NEQ", "ne"), ("LT", "lt"), ("LE", "le"), ("GT", "gt"), ("GE", "ge")]:
     register_scalar(_n)(_compare(_p))
+
+
+@register_scalar("GammaInc")
+def _gammainc(b, dts, k, x):
+    """Regularized lower incomplete gamma P(k, x): lax.igamma, as jax.scipy.special.gammainc."""
+    return b.bind("igamma", *_full(b, [b.convert(k, dts[0]), b.convert(x, dts[0])]))
+
+
+@register_scalar("GammaIncC")
+def _gammaincc(b, dts, k, x):
+    """Regularized upper incomplete gamma Q(k, x) (hurdle and truncated Poisson): lax.igammac."""
+    return b.bind("igammac", *_full(b, [b.convert(k, dts[0]), b.convert(x, dts[0])]))
 
 
 @register_scalar("Floor")
