@@ -8,11 +8,13 @@ cd "$(dirname "$0")/.."
 ENV="${1:-.venv-pymc6}"
 TOOLS=${JAXFORM_TOOLS:-../shared/tools}
 PY313=${PY313:-.py313}
+# blackjax < 1.6: PyMC 6.4 passes `progress_bar` to blackjax's window adaptation, which 1.6+ no longer takes
+# (pm.sample(nuts_sampler="blackjax") fails there with PyTensor's own backend too).
 start=$(date +%s)
 PY313_DIR="$PY313" bash "$TOOLS/py313.sh" "$PY313" >/dev/null
 rm -rf "$ENV"
 "$PY313/bin/python3" -m venv "$ENV"
-"$ENV/bin/pip" install -q --disable-pip-version-check "pymc>=6,<7" jax jaxlib numpyro blackjax pytest pytest-xdist hypothesis
+"$ENV/bin/pip" install -q --disable-pip-version-check "pymc>=6,<7" jax jaxlib numpyro "blackjax>=1.5,<1.6" pytest pytest-xdist hypothesis
 "$ENV/bin/python" -c "import sys, jax, pymc, pytensor, numpyro; print('CI pymc6 env: python', sys.version.split()[0], 'jax', jax.__version__, 'pymc', pymc.__version__, 'pytensor', pytensor.__version__, 'numpyro', numpyro.__version__)"
 echo "CI pymc6 env: installed in $(( $(date +%s) - start )) s"
 "$ENV/bin/python" -m pytest tests/frontends -q -n "${PYMC_JOBS:-2}" -m "not slow" -p no:cacheprovider -W ignore::UserWarning
