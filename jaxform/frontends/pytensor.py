@@ -570,9 +570,11 @@ def _register_pymc_ops(tb, st):
             return x
         b, xv = cv.b, cv.value(x)
         ok = None
-        for c in conds:
+        for c, var in zip(conds, node.inputs[1:]):
             if not isinstance(c, Var) and np.all(c):
                 continue  # known to hold (e.g. a constant scale > 0): no select
+            if _always_holds(var):
+                continue  # e.g. 0 <= sigmoid(eta) <= 1 (Bernoulli(logit_p)): a select per row for nothing
             c = cv.value(c)
             if c.value.is_literal and bool(c.value.literal):
                 continue
@@ -783,6 +785,64 @@ def _register_scan():
                 tr = b.concatenate([init, tr], 0)
             traces.append(tr)
         return traces + final_unt
+
+
+# Scalar ops whose outputs lie in [lo, hi] for every non-NaN input.
+_RANGES = {"Sigmoid": (0.0, 1.0), "Exp": (0.0, np.inf), "Softplus": (0.0, np.inf), "Abs": (0.0, np.inf),
+           "Sqr": (0.0, np.inf), "Sqrt": (0.0, np.inf), "Erfc": (0.0, 2.0), "Cosh": (1.0, np.inf)}
+_CMP = {"GE": lambda lo, hi, c: lo >= c, "GT": lambda lo, hi, c: lo > c, "LE": lambda lo, hi, c: hi <= c,
+        "LT": lambda lo, hi, c: hi < c}
+_FLIP = {"GE": "LE", "GT": "LT", "LE": "GE", "LT": "GT"}
+
+
+def _value_range(var):
+    """(lo, hi) bounding every non-NaN value of a PyTensor variable, or None if unknown."""
+    from pytensor.graph.basic import Constant
+    if isinstance(var, Constant):
+        d = np.asarray(var.data)
+        return (float(d.min()), float(d.max())) if d.size and d.dtype.kind in "biuf" else None
+    owner = var.owner
+    if owner is None:
+        return None
+    name = type(owner.op).__name__
+    if name in ("DimShuffle", "SpecifyShape") or (name == "Elemwise" and type(owner.op.scalar_op).__name__ in
+                                                   ("Identity", "Cast")):
+        return _value_range(owner.inputs[0])
+    if name == "Elemwise":
+        return _RANGES.get(type(owner.op.scalar_op).__name__)
+    return None
+
+
+def _always_holds(var) -> bool:
+    """A boolean PyTensor condition that is true for every non-NaN input: comparisons of a bounded value
+    with a constant, and all/and/stacks of such. Where an input is NaN the check would give -inf; without
+    it the logp is NaN, as PyTensor's JAX backend gives (it drops every check). Both reject the point."""
+    from pytensor.graph.basic import Constant
+    if isinstance(var, Constant):
+        return bool(np.all(var.data))
+    owner = var.owner
+    if owner is None:
+        return False
+    op, name = owner.op, type(owner.op).__name__
+    if name in ("DimShuffle", "SpecifyShape", "MakeVector", "ScalarFromTensor", "TensorFromScalar") or name == "Join":
+        ins = owner.inputs[1:] if name == "Join" and getattr(op, "axis", None) is None else owner.inputs
+        return all(_always_holds(i) for i in ins)
+    if name in ("All", "CAReduce") and type(getattr(op, "scalar_op", None)).__name__ == "AND":
+        return _always_holds(owner.inputs[0])
+    if name != "Elemwise":
+        return False
+    sop = type(op.scalar_op).__name__
+    if sop == "AND":
+        return all(_always_holds(i) for i in owner.inputs)
+    if sop in _CMP:
+        a, c = owner.inputs
+        if not isinstance(c, Constant):
+            a, c, sop = c, a, _FLIP[sop]
+        if not isinstance(c, Constant) or np.asarray(c.data).size != 1:
+            return False
+        r = _value_range(a)
+        return r is not None and bool(_CMP[sop](r[0], r[1], float(np.asarray(c.data).reshape(()))))
+    return False
 
 
 def _jnp():
