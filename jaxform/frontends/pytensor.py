@@ -787,11 +787,14 @@ def _register_scan():
         return traces + final_unt
 
 
-# Scalar ops whose outputs lie in [lo, hi] for every non-NaN input.
-_RANGES = {"Sigmoid": (0.0, 1.0), "Exp": (0.0, np.inf), "Softplus": (0.0, np.inf), "Abs": (0.0, np.inf),
-           "Sqr": (0.0, np.inf), "Sqrt": (0.0, np.inf), "Erfc": (0.0, 2.0), "Cosh": (1.0, np.inf)}
-_CMP = {"GE": lambda lo, hi, c: lo >= c, "GT": lambda lo, hi, c: lo > c, "LE": lambda lo, hi, c: hi <= c,
-        "LT": lambda lo, hi, c: hi < c}
+# Scalar ops' mathematical ranges (lo, hi, lo open, hi open) for every non-NaN input. Open ends are reached
+# in floating point only by underflow (exp(-800) == 0), where a logp is already -inf or NaN.
+_RANGES = {"Sigmoid": (0.0, 1.0, True, True), "Exp": (0.0, np.inf, True, False),
+           "Softplus": (0.0, np.inf, True, False), "Abs": (0.0, np.inf, False, False),
+           "Sqr": (0.0, np.inf, False, False), "Sqrt": (0.0, np.inf, False, False),
+           "Erfc": (0.0, 2.0, True, True), "Cosh": (1.0, np.inf, False, False)}
+_CMP = {"GE": lambda r, c: r[0] >= c, "GT": lambda r, c: r[0] > c or (r[0] == c and r[2]),
+        "LE": lambda r, c: r[1] <= c, "LT": lambda r, c: r[1] < c or (r[1] == c and r[3])}
 _FLIP = {"GE": "LE", "GT": "LT", "LE": "GE", "LT": "GT"}
 
 
@@ -800,7 +803,7 @@ def _value_range(var):
     from pytensor.graph.basic import Constant
     if isinstance(var, Constant):
         d = np.asarray(var.data)
-        return (float(d.min()), float(d.max())) if d.size and d.dtype.kind in "biuf" else None
+        return (float(d.min()), float(d.max()), False, False) if d.size and d.dtype.kind in "biuf" else None
     owner = var.owner
     if owner is None:
         return None
@@ -815,8 +818,9 @@ def _value_range(var):
 
 def _always_holds(var) -> bool:
     """A boolean PyTensor condition that is true for every non-NaN input: comparisons of a bounded value
-    with a constant, and all/and/stacks of such. Where an input is NaN the check would give -inf; without
-    it the logp is NaN, as PyTensor's JAX backend gives (it drops every check). Both reject the point."""
+    with a constant (`exp(x) > 0` counts: mathematically true, false only once exp underflows), and
+    all/and/stacks of such. Where an input is NaN (or underflows) the check would give -inf; without it the
+    logp is NaN, as PyTensor's JAX backend gives (it drops every check). Samplers reject both."""
     from pytensor.graph.basic import Constant
     if isinstance(var, Constant):
         return bool(np.all(var.data))
@@ -841,7 +845,7 @@ def _always_holds(var) -> bool:
         if not isinstance(c, Constant) or np.asarray(c.data).size != 1:
             return False
         r = _value_range(a)
-        return r is not None and bool(_CMP[sop](r[0], r[1], float(np.asarray(c.data).reshape(()))))
+        return r is not None and bool(_CMP[sop](r, float(np.asarray(c.data).reshape(()))))
     return False
 
 
