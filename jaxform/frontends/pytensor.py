@@ -840,13 +840,22 @@ def _always_holds(var) -> bool:
         return all(_always_holds(i) for i in owner.inputs)
     if sop in _CMP:
         a, c = owner.inputs
-        if not isinstance(c, Constant):
+        if _scalar_constant(c) is None:
             a, c, sop = c, a, _FLIP[sop]
-        if not isinstance(c, Constant) or np.asarray(c.data).size != 1:
-            return False
+        k = _scalar_constant(c)
         r = _value_range(a)
-        return r is not None and bool(_CMP[sop](r, float(np.asarray(c.data).reshape(()))))
+        return k is not None and r is not None and bool(_CMP[sop](r, k))
     return False
+
+
+def _scalar_constant(var) -> float | None:
+    """The value of a one-element constant (possibly broadcast by a DimShuffle), else None."""
+    from pytensor.graph.basic import Constant
+    while var.owner is not None and type(var.owner.op).__name__ == "DimShuffle":
+        var = var.owner.inputs[0]
+    if isinstance(var, Constant) and np.asarray(var.data).size == 1 and np.asarray(var.data).dtype.kind in "biuf":
+        return float(np.asarray(var.data).reshape(()))
+    return None
 
 
 def _jnp():

@@ -390,3 +390,15 @@ def test_gammaincc_native_matches_scipy_and_pytensor_gradient():
     h = 1e-5
     dk = (gammaincc(kv + h, xv) - gammaincc(kv - h, xv)) / (2 * h)
     np.testing.assert_allclose(np.asarray(got[0]), dk * np.arange(1.0, 6.0), rtol=1e-6)
+
+
+def test_always_true_check_conditions():
+    """Which parameter-check conditions jaxform drops (true for every non-NaN input) and which it keeps."""
+    x = T("x", 3)
+    holds = {"sigmoid >= 0": pt.sigmoid(x) >= 0, "sigmoid <= 1": pt.sigmoid(x) <= 1, "exp > 0": pt.exp(x) > 0,
+             "all(0 <= sigmoid <= 1)": pt.all(pt.stack([pt.all(pt.sigmoid(x) >= 0), pt.all(pt.sigmoid(x) <= 1)])),
+             "0 < exp": 0 < pt.exp(x), "abs >= 0": pt.abs(x) >= 0}
+    fails = {"x > 0": x > 0, "abs > 0": pt.abs(x) > 0, "exp >= 1": pt.exp(x) >= 1, "sigmoid < 0.5": pt.sigmoid(x) < 0.5,
+             "exp > 0 and x > 0": pt.and_(pt.exp(x) > 0, x > 0)}
+    assert all(jpt._always_holds(v) for v in holds.values()), {k: jpt._always_holds(v) for k, v in holds.items()}
+    assert not any(jpt._always_holds(v) for v in fails.values()), {k: jpt._always_holds(v) for k, v in fails.items()}
