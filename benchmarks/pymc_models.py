@@ -2,7 +2,8 @@
 
 Per model, both paths start from the same PyMC logp graph (built once, not timed):
   conv ms    the logp graph -> a JAX callable: `pymc.sampling.jax.get_jaxified_graph` (PyTensor's rewrites +
-             jax_funcify) vs `jaxform.frontends.pymc.model_graph` + `to_function`; min of 3
+             jax_funcify) vs `jaxform.frontends.pymc.model_graph(checks="drop")` + `to_function` (what
+             `jpm.get_jaxified_graph` / `jpm.jaxify()` build for samplers); min of 3
   first ms   conversion + jit(value_and_grad) trace, compile and first call, from scratch: the time a sampler
              waits before its first gradient; min of 2
   steady us  one value-and-grad call of the compiled executable on device arrays, interleaved min of 7 rounds
@@ -43,7 +44,8 @@ def convert_pytensor(model, logp):
 
 
 def convert_jaxform(model, logp):
-    g, _ = jpm.model_graph(model, [logp])
+    # parameter checks dropped, as PyMC's JAX path (what get_jaxified_graph/jaxify() give samplers)
+    g, _ = jpm.model_graph(model, [logp], checks="drop")
     f = to_function(g)
     return lambda *a: f(*a)[0]
 

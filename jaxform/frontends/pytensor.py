@@ -76,8 +76,9 @@ Known = Any  # a Var (built) or a numpy array (value known at conversion time)
 class Converter:
     """Walks a PyTensor FunctionGraph in topological order, building one Graph."""
 
-    def __init__(self, builder: Builder):
+    def __init__(self, builder: Builder, checks: str = "ninf"):
         self.b = builder
+        self.checks = checks   # parameter checks: "ninf" (-inf where they fail) or "drop"
         self.env: dict[Any, Known] = {}
         self.direct = self.fallback = self.folded = 0   # how each node was converted (stats)
         self.fallback_ops: list[str] = []                  # which ops went through jax_funcify
@@ -232,7 +233,7 @@ def _fallback(cv: Converter, node, ins):
 # ---- public API -------------------------------------------------------------------
 
 def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None,
-             rewrite: bool = True, stats: dict | None = None) -> Graph:
+             rewrite: bool = True, stats: dict | None = None, checks: str = "ninf") -> Graph:
     """Convert the PyTensor graph from `inputs` to `outputs` into a jaxform Graph.
 
     shapes: static shapes for inputs whose PyTensor type leaves dims unknown, as a
@@ -240,6 +241,8 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     rewrite: first apply the rewrites PyTensor's JAX mode applies (fusion,
         canonicalization); False converts the graph as written.
     stats: if a dict, receives counts of nodes converted directly / by fallback / folded.
+    checks: "ninf" turns the parameter checks PyMC marks replaceable into -inf where they fail (PyMC's C
+        backend does); "drop" drops them all, as PyTensor's JAX backend (hence PyMC's JAX samplers) does.
     Returns a Graph whose `to_function` takes the inputs in order and returns one
     array (single output) or a list.
     """
@@ -247,6 +250,8 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     from pytensor.graph.replace import clone_replace
     import pytensor.tensor as pt
     _ensure_registered()
+    if checks not in ("ninf", "drop"):
+        raise ValueError(f"jaxform.frontends.pytensor.to_graph: checks must be 'ninf' or 'drop', got {checks!r}")
 
     single = not isinstance(outputs, (list, tuple))
     outs = [outputs] if single else list(outputs)
@@ -265,7 +270,7 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     t2 = time.perf_counter()
     with gc_paused():
         b = Builder()
-        cv = Converter(b)
+        cv = Converter(b, checks)
         for var in fg.inputs:
             _check_dtype(var.type.dtype, f"PyTensor input {var.name or var}")
             cv.env[var] = b.arg(tuple(var.type.shape), var.type.dtype, name=var.name)
@@ -566,7 +571,7 @@ def _register_pymc_ops(tb, st):
     def check(cv, node, x, *conds):
         # PyMC's parameter checks that may become -inf do so (PyMC's JAX rewrite does the same);
         # other checks cannot raise inside JAX and are dropped, as PyTensor's JAX backend drops them.
-        if not getattr(node.op, "can_be_replaced_by_ninf", False) or not conds:
+        if cv.checks == "drop" or not getattr(node.op, "can_be_replaced_by_ninf", False) or not conds:
             return x
         b, xv = cv.b, cv.value(x)
         ok = None
@@ -662,7 +667,7 @@ def _register_pymc_ops(tb, st):
         vals = [cv.b.broadcast_to(cv.value(i), bshape + tuple(_shape_of(i)[len(_shape_of(i)) - k:]))
                 for i, k in zip(ins, core_nd)]
         sub = Builder()
-        scv = Converter(sub)
+        scv = Converter(sub, cv.checks)
         args = [sub.arg(tuple(v.shape[len(bshape):]), v.dtype) for v in vals]
         outs = conv(scv, core_node, *args)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -695,7 +700,7 @@ def _register_scan():
         PyTensor's JAX backend implements on their own (Einsum, RandomVariableWithCoreShape) keep that."""
         if _ofg_has_own_jax(type(node.op)):
             raise _NoConverter
-        icv = Converter(cv.b)
+        icv = Converter(cv.b, cv.checks)
         for var, v in zip(node.op.fgraph.inputs, ins):
             icv.env[var] = v
         for nd in node.op.fgraph.toposort():
@@ -742,7 +747,7 @@ def _register_scan():
         def body(sb, *args):
             consts, carry, xs = args[:len(dyn)], args[len(dyn):len(args) - len(seqs)], args[len(args) - len(seqs):]
             wins, cur, unt = carry[:nw], carry[nw:nw + ns], carry[nw + ns:]
-            icv = Converter(sb)
+            icv = Converter(sb, cv.checks)
             vals = list(xs)
             for w, t in zip(wins, taps):
                 vals += [sb.reshape(sb.slice(w, [-min(t) + k] + [0] * (w.ndim - 1),

@@ -169,6 +169,13 @@ def test_check_that_can_fail_stays_minus_inf():
     f = jpm.logp_fn(model)
     assert np.isneginf(f({"s": np.array(-1.0)})) and np.isneginf(model.compile_logp()({"s": np.array(-1.0)}))
     np.testing.assert_allclose(f({"s": np.array(0.7)}), model.compile_logp()({"s": np.array(0.7)}), rtol=1e-12)
+    # the samplers' drop-in drops checks as PyMC's own JAX path does (same value where one fails), or not
+    from pymc.sampling.jax import get_jaxified_graph
+    theirs = get_jaxified_graph(model.value_vars, [model.logp()])(np.array(-1.0))[0]
+    ours = jpm.get_jaxified_graph(model.value_vars, [model.logp()])(np.array(-1.0))[0]
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert not np.isneginf(theirs)
+    assert np.isneginf(jpm.get_jaxified_graph(model.value_vars, [model.logp()], checks="ninf")(np.array(-1.0))[0])
     g, _ = jpm.model_graph(MODELS["eight_schools_centered"]())
     # the one select left is HalfCauchy's own switch(tau >= 0, ...), which PyTensor's backend keeps too
     assert [n.name for n, _ in g.walk()].count("select_n") == 1
