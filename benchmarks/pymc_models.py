@@ -6,7 +6,8 @@ Per model, both paths start from the same PyMC logp graph (built once, not timed
              `jpm.get_jaxified_graph` / `jpm.jaxify()` build for samplers); min of 3
   first ms   conversion + jit(value_and_grad) trace, compile and first call, from scratch: the time a sampler
              waits before its first gradient; min of 2
-  steady us  one value-and-grad call of the compiled executable on device arrays, interleaved min of 7 rounds
+  steady us  one value-and-grad call of the compiled executable on device arrays, interleaved min of 11 rounds
+             (XLA:CPU single-threaded for both, see below)
   HLO        instructions (and fusions) of XLA's optimized value-and-grad module
 Ratios are jaxform / PyTensor (below 1: jaxform is faster). `multilevel_set_data+set` is the same model after
 `pm.set_data` (both paths re-convert, as PyMC's JAX samplers do).
@@ -24,6 +25,9 @@ sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "
                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 warnings.simplefilter("ignore")
 
+# one XLA:CPU thread per call for both paths: on a shared machine the thread pool's scheduling noise otherwise
+# dominates the steady-state times of these microsecond-scale programs (set XLA_FLAGS to override)
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -92,7 +96,7 @@ def measure(model, args):
     per = max(time.perf_counter() - t0, 1e-6)
     reps = int(min(max(0.04 / per, 5), 2000))
     best = [float("inf"), float("inf")]
-    for _ in range(7):
+    for _ in range(11):
         for i, e in enumerate(exes):
             t = time.perf_counter()
             for _ in range(reps):
