@@ -803,53 +803,67 @@ _CMP = {"GE": lambda r, c: r[0] >= c, "GT": lambda r, c: r[0] > c or (r[0] == c 
 _FLIP = {"GE": "LE", "GT": "LT", "LE": "GE", "LT": "GT"}
 
 
-def _value_range(var):
-    """(lo, hi) bounding every non-NaN value of a PyTensor variable, or None if unknown."""
-    from pytensor.graph.basic import Constant
-    if isinstance(var, Constant):
-        d = np.asarray(var.data)
-        return (float(d.min()), float(d.max()), False, False) if d.size and d.dtype.kind in "biuf" else None
+def _producer(var, env=None):
+    """(op name, inputs, env) of the op computing `var`, looking into fused Composites (pytensor 2.38's JAX
+    mode fuses checks): an Elemwise is named by its scalar op; `env` maps a Composite's inner inputs to the
+    outer variables. None for graph inputs and constants."""
+    env = env or {}
+    var = env.get(var, var)
     owner = var.owner
     if owner is None:
         return None
     name = type(owner.op).__name__
-    if name in ("DimShuffle", "SpecifyShape") or (name == "Elemwise" and type(owner.op.scalar_op).__name__ in
-                                                   ("Identity", "Cast")):
-        return _value_range(owner.inputs[0])
     if name == "Elemwise":
-        return _RANGES.get(type(owner.op.scalar_op).__name__)
-    return None
+        sop = owner.op.scalar_op
+        if type(sop).__name__ == "Composite":
+            inner = sop.fgraph.outputs[owner.outputs.index(var)]
+            return _producer(inner, dict(zip(sop.fgraph.inputs, [env.get(i, i) for i in owner.inputs])))
+        return type(sop).__name__, owner.inputs, env
+    return name, owner.inputs, env
 
 
-def _always_holds(var) -> bool:
+def _value_range(var, env=None):
+    """(lo, hi, lo open, hi open) bounding every non-NaN value of a PyTensor variable, or None if unknown."""
+    k = _scalar_constant((env or {}).get(var, var))
+    if k is not None:
+        return (k, k, False, False)
+    p = _producer(var, env)
+    if p is None:
+        return None
+    name, ins, env = p
+    if name in ("DimShuffle", "SpecifyShape", "Identity", "Cast", "ScalarFromTensor", "TensorFromScalar"):
+        return _value_range(ins[0], env)
+    return _RANGES.get(name)
+
+
+def _always_holds(var, env=None) -> bool:
     """A boolean PyTensor condition that is true for every non-NaN input: comparisons of a bounded value
     with a constant (`exp(x) > 0` counts: mathematically true, false only once exp underflows), and
     all/and/stacks of such. Where an input is NaN (or underflows) the check would give -inf; without it the
     logp is NaN, as PyTensor's JAX backend gives (it drops every check). Samplers reject both."""
     from pytensor.graph.basic import Constant
-    if isinstance(var, Constant):
-        return bool(np.all(var.data))
-    owner = var.owner
-    if owner is None:
+    v = (env or {}).get(var, var)
+    if isinstance(v, Constant):
+        return bool(np.all(v.data))
+    p = _producer(var, env)
+    if p is None:
         return False
-    op, name = owner.op, type(owner.op).__name__
-    if name in ("DimShuffle", "SpecifyShape", "MakeVector", "ScalarFromTensor", "TensorFromScalar") or name == "Join":
-        ins = owner.inputs[1:] if name == "Join" and getattr(op, "axis", None) is None else owner.inputs
-        return all(_always_holds(i) for i in ins)
-    if name in ("All", "CAReduce") and type(getattr(op, "scalar_op", None)).__name__ == "AND":
-        return _always_holds(owner.inputs[0])
-    if name != "Elemwise":
-        return False
-    sop = type(op.scalar_op).__name__
-    if sop == "AND":
-        return all(_always_holds(i) for i in owner.inputs)
-    if sop in _CMP:
-        a, c = owner.inputs
-        if _scalar_constant(c) is None:
-            a, c, sop = c, a, _FLIP[sop]
-        k = _scalar_constant(c)
-        r = _value_range(a)
-        return k is not None and r is not None and bool(_CMP[sop](r, k))
+    name, ins, env = p
+    if name in ("DimShuffle", "SpecifyShape", "MakeVector", "ScalarFromTensor", "TensorFromScalar", "AND",
+                "Identity"):
+        return all(_always_holds(i, env) for i in ins)
+    if name == "Join":
+        # pytensor <= 3.0: the axis is the first input; later a property of the op
+        return all(_always_holds(i, env) for i in (ins[1:] if getattr(v.owner.op, "axis", None) is None else ins))
+    if name in ("All", "CAReduce") and type(getattr(v.owner.op, "scalar_op", None)).__name__ == "AND":
+        return _always_holds(ins[0], env)
+    if name in _CMP:
+        a, c = ins
+        if _scalar_constant(env.get(c, c)) is None:
+            a, c, name = c, a, _FLIP[name]
+        k = _scalar_constant(env.get(c, c))
+        r = _value_range(a, env)
+        return k is not None and r is not None and bool(_CMP[name](r, k))
     return False
 
 

@@ -41,7 +41,7 @@ def _points(model, k=2, seed=0):
 # PyTensor's C `psi` (the gradient of gammaln in its symbolic dlogp) is accurate to ~1e-8; in these models
 # jaxform's gradient equals jax.grad of PyTensor's own JAX backend to 1e-13 and a Richardson finite difference
 # of the C logp to 1e-9, while the C dlogp is 1.6e-8 off (measured at the initial point).
-PSI_GRAD = {"robust_regression_dims", "stochastic_volatility", "zero_inflated_negbin"}
+PSI_GRAD = {"robust_regression_dims", "stochastic_volatility", "zero_inflated_negbin", "dirichlet_multinomial"}
 
 
 @pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
