@@ -76,8 +76,9 @@ Known = Any  # a Var (built) or a numpy array (value known at conversion time)
 class Converter:
     """Walks a PyTensor FunctionGraph in topological order, building one Graph."""
 
-    def __init__(self, builder: Builder):
+    def __init__(self, builder: Builder, checks: str = "ninf"):
         self.b = builder
+        self.checks = checks   # parameter checks: "ninf" (-inf where they fail) or "drop"
         self.env: dict[Any, Known] = {}
         self.direct = self.fallback = self.folded = 0   # how each node was converted (stats)
         self.fallback_ops: list[str] = []                  # which ops went through jax_funcify
@@ -232,7 +233,7 @@ def _fallback(cv: Converter, node, ins):
 # ---- public API -------------------------------------------------------------------
 
 def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None,
-             rewrite: bool = True, stats: dict | None = None) -> Graph:
+             rewrite: bool = True, stats: dict | None = None, checks: str = "ninf") -> Graph:
     """Convert the PyTensor graph from `inputs` to `outputs` into a jaxform Graph.
 
     shapes: static shapes for inputs whose PyTensor type leaves dims unknown, as a
@@ -240,6 +241,8 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     rewrite: first apply the rewrites PyTensor's JAX mode applies (fusion,
         canonicalization); False converts the graph as written.
     stats: if a dict, receives counts of nodes converted directly / by fallback / folded.
+    checks: "ninf" turns the parameter checks PyMC marks replaceable into -inf where they fail (PyMC's C
+        backend does); "drop" drops them all, as PyTensor's JAX backend (hence PyMC's JAX samplers) does.
     Returns a Graph whose `to_function` takes the inputs in order and returns one
     array (single output) or a list.
     """
@@ -247,6 +250,8 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     from pytensor.graph.replace import clone_replace
     import pytensor.tensor as pt
     _ensure_registered()
+    if checks not in ("ninf", "drop"):
+        raise ValueError(f"jaxform.frontends.pytensor.to_graph: checks must be 'ninf' or 'drop', got {checks!r}")
 
     single = not isinstance(outputs, (list, tuple))
     outs = [outputs] if single else list(outputs)
@@ -265,7 +270,7 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     t2 = time.perf_counter()
     with gc_paused():
         b = Builder()
-        cv = Converter(b)
+        cv = Converter(b, checks)
         for var in fg.inputs:
             _check_dtype(var.type.dtype, f"PyTensor input {var.name or var}")
             cv.env[var] = b.arg(tuple(var.type.shape), var.type.dtype, name=var.name)
@@ -386,6 +391,23 @@ def _register_all():
         e = b.exp(z)
         s = b.broadcast_to(b.reshape(b.reduce_sum(e, axes), keep), x.shape)
         return e / s if isinstance(node.op, special.Softmax) else z - b.log(s)
+
+    if hasattr(special, "LogSumExp"):  # pytensor >= 3: an op (before, log(sum(exp(x))) stabilized by rewrites)
+        @register(special.LogSumExp)
+        def logsumexp(cv, node, x):
+            """max + log(sum(exp(x - max))), max held constant for autodiff (its total derivative is 0):
+            jax.nn.logsumexp's form, whose gradient is softmax(x) as PyTensor's pullback."""
+            b, dt = cv.b, node.outputs[0].type.dtype
+            x = cv.value(x, dt)
+            axes = tuple(range(x.ndim)) if node.op.axis is None else tuple(int(a) % x.ndim for a in node.op.axis)
+            keep = [1 if d in axes else n for d, n in enumerate(x.shape)]
+            if not axes:
+                return x
+            m = b.reduce_max(x, axes)
+            m = b.select_n(b.eq(b.abs(m), b.const(np.array(np.inf, dt))), m, b.const(np.array(0.0, dt)))
+            m = b.trace(jax.lax.stop_gradient, m)   # all -inf (or +inf): no offset, as PyTensor's inner graph
+            s = b.reduce_sum(b.exp(x - b.broadcast_to(b.reshape(m, keep), x.shape)), axes)
+            return b.log(s) + m
 
     @register(ts.Shape)
     def shape(cv, node, x):
@@ -515,11 +537,19 @@ def _register_pymc_ops(tb, st):
         return np.arange(*vals, dtype=node.outputs[0].type.dtype)
 
     @register(tb.Split)
-    def split(cv, node, x, axis, splits):
-        axis = int(cv.static(axis, node, "the axis"))
+    def split(cv, node, x, *rest):
+        # pytensor < 3.1: inputs (x, axis, splits); later: (x, splits) with the axis a property of the op
+        if len(rest) == 2:
+            axis, splits = int(cv.static(rest[0], node, "the axis")), rest[1]
+        else:
+            axis, splits = int(node.op.axis), rest[0]
         sizes = [int(s) for s in cv.static(splits, node, "the split sizes")]
         x = cv.value(x)
         axis %= x.ndim
+        if len(sizes) != node.op.len_splits or any(n < 0 for n in sizes) or sum(sizes) != x.shape[axis]:
+            raise ConversionError(f"jaxform: {_where(node)} splits axis {axis} of length {x.shape[axis]} into "
+                                  f"sizes {sizes}, which must be {node.op.len_splits} non-negative sizes summing "
+                                  "to that length. Fix the split sizes.")
         outs, lo = [], 0
         for n in sizes:
             start, limit = [0] * x.ndim, list(x.shape)
@@ -541,13 +571,15 @@ def _register_pymc_ops(tb, st):
     def check(cv, node, x, *conds):
         # PyMC's parameter checks that may become -inf do so (PyMC's JAX rewrite does the same);
         # other checks cannot raise inside JAX and are dropped, as PyTensor's JAX backend drops them.
-        if not getattr(node.op, "can_be_replaced_by_ninf", False) or not conds:
+        if cv.checks == "drop" or not getattr(node.op, "can_be_replaced_by_ninf", False) or not conds:
             return x
         b, xv = cv.b, cv.value(x)
         ok = None
-        for c in conds:
+        for c, var in zip(conds, node.inputs[1:]):
             if not isinstance(c, Var) and np.all(c):
                 continue  # known to hold (e.g. a constant scale > 0): no select
+            if _always_holds(var):
+                continue  # e.g. 0 <= sigmoid(eta) <= 1 (Bernoulli(logit_p)): a select per row for nothing
             c = cv.value(c)
             if c.value.is_literal and bool(c.value.literal):
                 continue
@@ -635,7 +667,7 @@ def _register_pymc_ops(tb, st):
         vals = [cv.b.broadcast_to(cv.value(i), bshape + tuple(_shape_of(i)[len(_shape_of(i)) - k:]))
                 for i, k in zip(ins, core_nd)]
         sub = Builder()
-        scv = Converter(sub)
+        scv = Converter(sub, cv.checks)
         args = [sub.arg(tuple(v.shape[len(bshape):]), v.dtype) for v in vals]
         outs = conv(scv, core_node, *args)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -650,9 +682,34 @@ def _register_pymc_ops(tb, st):
     _register_scan()
 
 
+def _ofg_has_own_jax(cls) -> bool:
+    from pytensor.compile.builders import OpFromGraph
+    jf = _jax_funcify()
+    return jf.dispatch(cls) is not jf.dispatch(OpFromGraph)
+
+
 def _register_scan():
+    from pytensor.compile.builders import OpFromGraph
     from pytensor.scan.op import Scan
     from pytensor.tensor.type_other import MakeSlice
+
+    @register(OpFromGraph)
+    def op_from_graph(cv, node, *ins):
+        """Inline the inner graph, converted node by node (XLogY, LogAddExp, KroneckerProduct, a user's
+        OpFromGraph): its ops become plain primitives instead of one traced jax_funcify call. Subclasses that
+        PyTensor's JAX backend implements on their own (Einsum, RandomVariableWithCoreShape) keep that."""
+        if _ofg_has_own_jax(type(node.op)):
+            raise _NoConverter
+        icv = Converter(cv.b, cv.checks)
+        for var, v in zip(node.op.fgraph.inputs, ins):
+            icv.env[var] = v
+        for nd in node.op.fgraph.toposort():
+            icv.convert(nd)
+        cv.direct += icv.direct
+        cv.fallback += icv.fallback
+        cv.folded += icv.folded
+        cv.fallback_ops += icv.fallback_ops
+        return [icv.get(o) for o in node.op.fgraph.outputs]
 
     register(MakeSlice)(lambda cv, node, *parts: slice(*parts))
 
@@ -690,7 +747,7 @@ def _register_scan():
         def body(sb, *args):
             consts, carry, xs = args[:len(dyn)], args[len(dyn):len(args) - len(seqs)], args[len(args) - len(seqs):]
             wins, cur, unt = carry[:nw], carry[nw:nw + ns], carry[nw + ns:]
-            icv = Converter(sb)
+            icv = Converter(sb, cv.checks)
             vals = list(xs)
             for w, t in zip(wins, taps):
                 vals += [sb.reshape(sb.slice(w, [-min(t) + k] + [0] * (w.ndim - 1),
@@ -733,6 +790,91 @@ def _register_scan():
                 tr = b.concatenate([init, tr], 0)
             traces.append(tr)
         return traces + final_unt
+
+
+# Scalar ops' mathematical ranges (lo, hi, lo open, hi open) for every non-NaN input. Open ends are reached
+# in floating point only by underflow (exp(-800) == 0), where a logp is already -inf or NaN.
+_RANGES = {"Sigmoid": (0.0, 1.0, True, True), "Exp": (0.0, np.inf, True, False),
+           "Softplus": (0.0, np.inf, True, False), "Abs": (0.0, np.inf, False, False),
+           "Sqr": (0.0, np.inf, False, False), "Sqrt": (0.0, np.inf, False, False),
+           "Erfc": (0.0, 2.0, True, True), "Cosh": (1.0, np.inf, False, False)}
+_CMP = {"GE": lambda r, c: r[0] >= c, "GT": lambda r, c: r[0] > c or (r[0] == c and r[2]),
+        "LE": lambda r, c: r[1] <= c, "LT": lambda r, c: r[1] < c or (r[1] == c and r[3])}
+_FLIP = {"GE": "LE", "GT": "LT", "LE": "GE", "LT": "GT"}
+
+
+def _producer(var, env=None):
+    """(op name, inputs, env) of the op computing `var`, looking into fused Composites (pytensor 2.38's JAX
+    mode fuses checks): an Elemwise is named by its scalar op; `env` maps a Composite's inner inputs to the
+    outer variables. None for graph inputs and constants."""
+    env = env or {}
+    var = env.get(var, var)
+    owner = var.owner
+    if owner is None:
+        return None
+    name = type(owner.op).__name__
+    if name == "Elemwise":
+        sop = owner.op.scalar_op
+        if type(sop).__name__ == "Composite":
+            inner = sop.fgraph.outputs[owner.outputs.index(var)]
+            return _producer(inner, dict(zip(sop.fgraph.inputs, [env.get(i, i) for i in owner.inputs])))
+        return type(sop).__name__, owner.inputs, env
+    return name, owner.inputs, env
+
+
+def _value_range(var, env=None):
+    """(lo, hi, lo open, hi open) bounding every non-NaN value of a PyTensor variable, or None if unknown."""
+    k = _scalar_constant((env or {}).get(var, var))
+    if k is not None:
+        return (k, k, False, False)
+    p = _producer(var, env)
+    if p is None:
+        return None
+    name, ins, env = p
+    if name in ("DimShuffle", "SpecifyShape", "Identity", "Cast", "ScalarFromTensor", "TensorFromScalar"):
+        return _value_range(ins[0], env)
+    return _RANGES.get(name)
+
+
+def _always_holds(var, env=None) -> bool:
+    """A boolean PyTensor condition that is true for every non-NaN input: comparisons of a bounded value
+    with a constant (`exp(x) > 0` counts: mathematically true, false only once exp underflows), and
+    all/and/stacks of such. Where an input is NaN (or underflows) the check would give -inf; without it the
+    logp is NaN, as PyTensor's JAX backend gives (it drops every check). Samplers reject both."""
+    from pytensor.graph.basic import Constant
+    v = (env or {}).get(var, var)
+    if isinstance(v, Constant):
+        return bool(np.all(v.data))
+    p = _producer(var, env)
+    if p is None:
+        return False
+    name, ins, env = p
+    if name in ("DimShuffle", "SpecifyShape", "MakeVector", "ScalarFromTensor", "TensorFromScalar", "AND",
+                "Identity"):
+        return all(_always_holds(i, env) for i in ins)
+    if name == "Join":
+        # pytensor <= 3.0: the axis is the first input; later a property of the op
+        return all(_always_holds(i, env) for i in (ins[1:] if getattr(v.owner.op, "axis", None) is None else ins))
+    if name in ("All", "CAReduce") and type(getattr(v.owner.op, "scalar_op", None)).__name__ == "AND":
+        return _always_holds(ins[0], env)
+    if name in _CMP:
+        a, c = ins
+        if _scalar_constant(env.get(c, c)) is None:
+            a, c, name = c, a, _FLIP[name]
+        k = _scalar_constant(env.get(c, c))
+        r = _value_range(a, env)
+        return k is not None and r is not None and bool(_CMP[name](r, k))
+    return False
+
+
+def _scalar_constant(var) -> float | None:
+    """The value of a one-element constant (possibly broadcast by a DimShuffle), else None."""
+    from pytensor.graph.basic import Constant
+    while var.owner is not None and type(var.owner.op).__name__ == "DimShuffle":
+        var = var.owner.inputs[0]
+    if isinstance(var, Constant) and np.asarray(var.data).size == 1 and np.asarray(var.data).dtype.kind in "biuf":
+        return float(np.asarray(var.data).reshape(()))
+    return None
 
 
 def _jnp():
@@ -891,6 +1033,18 @@ for _n, _p in [("EQ", "eq"), ("NEQ", "ne"), ("LT", "lt"), ("LE", "le"), ("GT", "
     register_scalar(_n)(_compare(_p))
 
 
+@register_scalar("GammaInc")
+def _gammainc(b, dts, k, x):
+    """Regularized lower incomplete gamma P(k, x): lax.igamma, as jax.scipy.special.gammainc."""
+    return b.bind("igamma", *_full(b, [b.convert(k, dts[0]), b.convert(x, dts[0])]))
+
+
+@register_scalar("GammaIncC")
+def _gammaincc(b, dts, k, x):
+    """Regularized upper incomplete gamma Q(k, x) (hurdle and truncated Poisson): lax.igammac."""
+    return b.bind("igammac", *_full(b, [b.convert(k, dts[0]), b.convert(x, dts[0])]))
+
+
 @register_scalar("Floor")
 def _floor(b, dts, x):
     if not np.issubdtype(np.dtype(x.dtype), np.floating):
@@ -1000,6 +1154,78 @@ def _log1mexp(b, dts, x):
     x = b.convert(x, dts[0])
     lo = b.lt(x, b.const(np.array(np.log(0.5), dts[0])))
     return b.select_n(lo, b.log(b.neg(b.expm1(x))), b.log1p(b.neg(b.exp(x))))
+
+
+# Op classes whose converter handles the common cases and hands the rest to the fallback.
+_PARTIAL = {"CAReduce": "bitwise and/or of integers", "Blockwise": "core ops without a converter",
+            "AllocDiag": "offset != 0 or batched", "SolveTriangular": "transposed solves",
+            "Scan": "mit-mot (gradient) scans", "OpFromGraph": "inner ops without a converter"}
+
+
+def op_table() -> dict[str, str]:
+    """What jaxform does with each op class PyTensor's JAX backend registers (and each scalar op PyMC-style
+    graphs use inside Elemwise): 'native' (a jaxform converter), 'partial' (a converter for the common cases,
+    the fallback for the rest), 'fallback' (PyTensor's jax_funcify, traced and spliced in) or 'unsupported'
+    (jax_funcify raises here, e.g. ops needing tensorflow-probability). Keys are 'module.Class'.
+
+    Lets tests (and users) see which ops a new PyTensor adds or changes before a model meets them.
+    """
+    import importlib
+    from pytensor.graph.op import Op
+    from pytensor.scalar.basic import ScalarOp
+    for mod in ("pytensor.tensor", "pytensor.scan", "pytensor.ifelse", "pytensor.sparse", "pytensor.tensor.random"):
+        importlib.import_module(mod)   # a fixed set of modules, so that the subclasses found do not vary
+    from pytensor.tensor.random.op import RandomVariable
+    _ensure_registered()
+    jf = _jax_funcify()
+    out: dict[str, str] = {}
+    key = lambda c: f"{c.__module__}.{c.__qualname__}"
+    # registered classes and PyTensor's own subclasses of them (dispatch follows the MRO: LogSumExp is an
+    # OpFromGraph); the dozens of RandomVariables (never in a logp graph) as their base class only
+    todo = [c for c in jf.registry if isinstance(c, type) and issubclass(c, Op) and not issubclass(c, ScalarOp)]
+    seen: set = set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen or not cls.__module__.startswith("pytensor.") or cls.__module__.startswith("pytensor.link.") \
+                and cls not in jf.registry:
+            continue
+        seen.add(cls)
+        owner = next((c for c in cls.__mro__ if c in CONVERTERS), None)   # the class whose converter applies
+        if owner is not None and owner.__name__ == "OpFromGraph" and _ofg_has_own_jax(cls):
+            owner = None
+        out[key(cls)] = "fallback" if owner is None else "partial" if owner.__name__ in _PARTIAL else "native"
+        if not issubclass(cls, RandomVariable):
+            todo += cls.__subclasses__()
+    scalars: dict[type, str] = {}
+    for mod in ("pytensor.scalar.basic", "pytensor.scalar.math"):
+        for v in vars(importlib.import_module(mod)).values():
+            if isinstance(v, ScalarOp) and type(v) not in scalars:
+                scalars[type(v)] = _scalar_status(jf, v)
+    for cls in jf.registry:
+        if isinstance(cls, type) and issubclass(cls, ScalarOp) and cls is not ScalarOp and cls not in scalars:
+            scalars[cls] = "native" if cls.__name__ in SCALARS or cls.__name__ == "Composite" else "fallback"
+    out.update({key(c): st for c, st in scalars.items()})
+    return dict(sorted(out.items()))
+
+
+def _scalar_status(jf, sop) -> str:
+    if type(sop).__name__ in SCALARS or type(sop).__name__ == "Composite":
+        return "native"
+    import pytensor.scalar as ps
+    n = sop.nin if sop.nin > 0 else 2
+    for make in (ps.float64, ps.int64, ps.bool):
+        try:
+            node = sop.make_node(*[make() for _ in range(n)])
+            break
+        except Exception:
+            node = None
+    if node is None:
+        return "unsupported"
+    try:
+        jf(sop, node=node)
+    except Exception:
+        return "unsupported"
+    return "fallback"
 
 
 _registered = False

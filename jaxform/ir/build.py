@@ -126,7 +126,11 @@ class Builder:
             arr = arr.astype(_dtype(arr.dtype))
         if arr.ndim == 0:
             return self._named(Graph.literal(arr[()], arr.dtype), name)
-        return self._named(self.graph.add_const(jax.numpy.asarray(arr)), name)
+        # eagerly, even inside jit: under a trace jnp.asarray makes a tracer, and a graph kept (cached) past
+        # that trace would hold it (UnexpectedTracerError when the graph runs under the next trace)
+        with jax.ensure_compile_time_eval():
+            arr = jax.numpy.asarray(arr)
+        return self._named(self.graph.add_const(arr), name)
 
     def name(self, x: Var, name: str) -> Var:
         """Give `x` a name used in error messages."""

@@ -5,7 +5,13 @@ model structures: pymc-devs/pymc-examples (examples/case_studies/multilevel_mode
 radon, examples/generalized_linear_models/GLM-*.ipynb, examples/gaussian_processes/GP-Marginal.ipynb,
 examples/mixture_models/gaussian_mixture_model.ipynb, examples/time_series/*.ipynb,
 examples/survival_analysis/censored_data.ipynb), and the eight-schools model of
-pymc-devs/pymc/benchmarks (Rubin 1981).
+pymc-devs/pymc/benchmarks (Rubin 1981). Issue 28's additions: examples/gaussian_processes/HSGP-Boundary-Conditions
+(HSGP), examples/generalized_linear_models/GLM-poisson-regression (zero-inflated / hurdle counts),
+examples/generalized_linear_models/GLM-truncated-censored-regression (truncated counts),
+examples/mixture_models/dirichlet_mixture_of_multinomials (Dirichlet-multinomial), examples/time_series/AR and
+pymc's own GARCH11 (pymc/distributions/timeseries.py), examples/case_studies/LKJ, examples/custom_distribution
+(CustomDist), examples/fundamentals/data_container (pm.Data + pm.set_data with dims),
+examples/generalized_linear_models/GLM-hierarchical-binomial-model (large hierarchical logistic).
 """
 from __future__ import annotations
 
@@ -254,8 +260,157 @@ def large_hierarchical(groups=200, n_per=5, seed=16):
     return m
 
 
+def zero_inflated_negbin(seed=17):
+    """ZINB: a logsumexp of the zero and count branches (LogSumExp op on pytensor >= 3)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=60)
+    y = np.where(rng.random(60) < 0.3, 0, rng.negative_binomial(4, 4 / (4 + np.exp(1.0 + 0.4 * x))))
+    with pm.Model() as m:
+        psi = pm.Beta("psi", 2, 2)
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1)
+        alpha = pm.Gamma("alpha", 2, 0.5)
+        pm.ZeroInflatedNegativeBinomial("y", psi=psi, mu=pm.math.exp(a + b * x), alpha=alpha, observed=y)
+    return m
+
+
+def hurdle_poisson(seed=18):
+    """Hurdle Poisson: the count part is a zero-truncated Poisson, whose normalizer is GammaIncC."""
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(60) < 0.4, 0, rng.poisson(3.0, 60))
+    with pm.Model() as m:
+        psi = pm.Beta("psi", 2, 2)
+        mu = pm.Gamma("mu", 2, 1)
+        pm.HurdlePoisson("y", psi=psi, mu=mu, observed=y)
+    return m
+
+
+def truncated_poisson(seed=19):
+    """Poisson regression truncated above (GammaIncC in the normalizer)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=50)
+    y = np.minimum(rng.poisson(np.exp(1.0 + 0.3 * x)), 6)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1)
+        pm.Truncated("y", pm.Poisson.dist(pm.math.exp(a + b * x)), upper=6, observed=y)
+    return m
+
+
+def dirichlet_multinomial(seed=20):
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(30, [0.5, 0.3, 0.2], size=20)
+    with pm.Model() as m:
+        frac = pm.Dirichlet("frac", np.ones(3))
+        conc = pm.Lognormal("conc", 1, 1)
+        pm.DirichletMultinomial("y", n=30, a=frac * conc, observed=counts)
+    return m
+
+
+def hsgp(seed=21, n=60):
+    """Hilbert-space approximate GP (pm.gp.HSGP) with a Normal likelihood."""
+    rng = np.random.default_rng(seed)
+    X = np.sort(rng.uniform(0, 10, n))[:, None]
+    y = np.sin(X[:, 0]) + 0.2 * rng.normal(size=n)
+    with pm.Model() as m:
+        ell = pm.InverseGamma("ell", 3, 6)
+        eta = pm.HalfNormal("eta", 1)
+        gp = pm.gp.HSGP(m=[20], c=1.5, cov_func=eta ** 2 * pm.gp.cov.Matern52(1, ls=ell))
+        f = gp.prior("f", X=X)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", f, sigma, observed=y)
+    return m
+
+
+def garch11(seed=22, n=60):
+    rng = np.random.default_rng(seed)
+    r = rng.standard_t(6, n) * 0.05
+    with pm.Model() as m:
+        omega = pm.HalfNormal("omega", 0.1)
+        a1 = pm.Uniform("alpha_1", 0, 0.5)
+        b1 = pm.Uniform("beta_1", 0, 0.5)
+        pm.GARCH11("r", omega=omega, alpha_1=a1, beta_1=b1, initial_vol=0.05, observed=r, shape=n)
+    return m
+
+
+def custom_dist(seed=23):
+    """pm.CustomDist with a user logp (a Gumbel written by hand)."""
+    rng = np.random.default_rng(seed)
+    y = rng.gumbel(1.0, 2.0, 40)
+
+    def logp(value, mu, beta):
+        z = (value - mu) / beta
+        return -z - pt.exp(-z) - pt.log(beta)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 5)
+        beta = pm.HalfNormal("beta", 3)
+        pm.CustomDist("y", mu, beta, logp=logp, observed=y)
+    return m
+
+
+def multilevel_set_data(seed=24, groups=10, n=200):
+    """Varying intercepts with dims, pm.Data for index and outcome; `set_data` swaps in new data (same shape)."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    y = rng.normal(0.3 * g / groups, 1.0)
+    with pm.Model(coords={"group": np.arange(groups), "obs": np.arange(n)}) as m:
+        gi = pm.Data("g", g, dims="obs")
+        yd = pm.Data("y_obs", y, dims="obs")
+        mu = pm.Normal("mu", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        z = pm.Normal("z", 0, 1, dims="group")
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", mu + tau * z[gi], sigma, observed=yd, dims="obs")
+    return m
+
+
+def regression_10k(seed=25, n=10_000, k=5):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k))
+    y = X @ rng.normal(size=k) + 0.5 + rng.normal(size=n)
+    with pm.Model() as m:
+        Xd = pm.Data("X", X)
+        beta = pm.Normal("beta", 0, 1, shape=k)
+        a = pm.Normal("a", 0, 1)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", a + Xd @ beta, sigma, observed=y)
+    return m
+
+
+def hier_logistic_8k(seed=26, groups=40, n=8_000, k=3):
+    """Hierarchical logistic regression, 8k rows: varying intercepts and slopes, gathered by group index."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    X = rng.normal(size=(n, k))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.5, -1.0, 0.3]) + 0.2 * (g % 5 - 2))))).astype(int)
+    with pm.Model(coords={"group": np.arange(groups), "coef": np.arange(k)}) as m:
+        mu_a = pm.Normal("mu_a", 0, 1)
+        sigma_a = pm.HalfNormal("sigma_a", 1)
+        z_a = pm.Normal("z_a", 0, 1, dims="group")
+        beta = pm.Normal("beta", 0, 1, dims="coef")
+        eta = mu_a + sigma_a * z_a[g] + pm.math.dot(X, beta)
+        pm.Bernoulli("y", logit_p=eta, observed=y)
+    return m
+
+
+def mvnormal_lkj_observed(seed=27, n=500, d=5):
+    """LKJ prior on the correlation of observed 5-d data (examples/case_studies/LKJ)."""
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(d, d))
+    data = rng.multivariate_normal(np.arange(d) * 0.5, A @ A.T / d + np.eye(d), size=n)
+    with pm.Model() as m:
+        chol, _, _ = pm.LKJCholeskyCov("chol", n=d, eta=2.0, sd_dist=pm.Exponential.dist(1.0, shape=d))
+        mu = pm.Normal("mu", 0, 3, shape=d)
+        pm.MvNormal("y", mu=mu, chol=chol, observed=data)
+    return m
+
+
 MODELS = {f.__name__: f for f in [
     eight_schools_centered, eight_schools_noncentered, radon, logistic, poisson_zeros, negbin_zeros,
     zero_inflated_poisson, gp_marginal, mvnormal_lkj, gaussian_mixture, stochastic_volatility, ar1,
     exp_smoothing_scan, ar2_scan, censored_normal, truncated_normal, robust_regression_dims, ordered_logistic,
+    zero_inflated_negbin, hurdle_poisson, truncated_poisson, dirichlet_multinomial, hsgp, garch11, custom_dist,
+    multilevel_set_data,
 ]}
+# Larger models: the benchmark (benchmarks/pymc_models.py) and a few targeted tests, not the every-model test.
+LARGE = {f.__name__: f for f in [regression_10k, hier_logistic_8k, mvnormal_lkj_observed]}

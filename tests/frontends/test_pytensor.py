@@ -104,6 +104,14 @@ def logistic_regression():
 
 
 
+def concat_grad():
+    """pytensor.grad of pt.concatenate: the gradient splits the output gradient (a Split op, issue 28)."""
+    x, y = T("x", 3, 2), T("y", 4, 2)
+    w = pt.as_tensor_variable(np.arange(14.0).reshape(7, 2))
+    cost = (pt.concatenate([pt.exp(x), y], axis=0) ** 2 * w).sum()
+    return [x, y], pytensor.grad(cost, [x, y])
+
+
 x34, y4, m44 = (lambda: T("x", 3, 4)), (lambda: T("y", 4)), (lambda: T("m", 4, 4))
 CASES = {
     # name: (make() -> (inputs, outputs), converted with no fallback?)
@@ -136,6 +144,13 @@ CASES = {
     "inc_subtensor": (lambda: ((x := x34(),), pt.inc_subtensor(x[1:, 2], 3.0)), True),
     "advanced_subtensor": (lambda: ((x := x34(), i := T("i", 2, dtype="int64")), x[i] * 2), False),
     "advanced_inc": (lambda: ((x := x34(), i := T("i", 2, dtype="int64")), pt.inc_subtensor(x[i, 1], 1.5)), False),
+    "split": (lambda: ((x := T("x", 5, 3),), [o * (k + 1) for k, o in enumerate(pt.split(x, [2, 3], n_splits=2, axis=0))]),
+              True),
+    "concat_symbolic_grad": (lambda: concat_grad(), True),
+    "gammainc_gammaincc": (lambda: ((x := x34(), k := y4()),
+                                    pt.gammaincc(pt.exp(k), pt.exp(x)) * pt.gammainc(pt.exp(k) + 1, pt.exp(x))), True),
+    "logsumexp_axes": (lambda: ((x := T("x", 2, 3, 4),), [pt.logsumexp(x, axis=(0, 2)), pt.logsumexp(x),
+                                                          pt.logsumexp(x, axis=1, keepdims=True)]), True),
     "join_stack": (lambda: ((x := x34(), y := y4()), pt.join(0, x, y[None, :], x) + 1), True),
     "reshape_from_shape": (lambda: ((x := x34(),), x.reshape((x.shape[0] * 2, -1)) * 2), True),
     "alloc_shape": (lambda: ((x := x34(),), pt.alloc(1.0, x.shape[0], 2, x.shape[1]) * x[:, None, :]), True),
@@ -191,7 +206,8 @@ def test_matches_pytensor_jax_backend(name):
 
 
 @pytest.mark.parametrize("name", ["add_mul", "max_min_clip", "mean_var", "reshape_from_shape", "alloc_shape",
-                                  "set_subtensor", "hierarchical_logp", "softmax", "join_stack", "matmul_batched"])
+                                  "set_subtensor", "hierarchical_logp", "softmax", "join_stack", "matmul_batched",
+                                  "logsumexp", "logsumexp_axes", "split", "concat_symbolic_grad", "gammainc_gammaincc"])
 def test_unrewritten_graph_converts_directly(name):
     """rewrite=False converts the graph as written (no Composite fusion); still no fallback needed."""
     make, _ = CASES[name]
@@ -292,3 +308,97 @@ def test_cast_of_literal_is_folded():
     g = jpt.to_graph([x], x * np.float32(-0.5), rewrite=False)
     assert "convert_element_type" not in {n.name for n, _ in g.walk()}
     np.testing.assert_allclose(to_function(g)(np.ones(3)), -0.5 * np.ones(3))
+
+
+def _op_names(inputs, outputs, rewrite=True):
+    """Class names of the ops in the graph jaxform converts (after the JAX mode's rewrites if `rewrite`)."""
+    from pytensor.compile.mode import get_mode
+    from pytensor.graph.fg import FunctionGraph
+    fg = FunctionGraph(inputs, outputs if isinstance(outputs, list) else [outputs], clone=True)
+    if rewrite:
+        get_mode("JAX").optimizer.rewrite(fg)
+    return {type(n.op).__name__ for n in fg.apply_nodes} | \
+        {type(n.op.scalar_op).__name__ for n in fg.apply_nodes if hasattr(n.op, "scalar_op")}
+
+
+@pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
+def test_concatenate_gradient_split_converts(rewrite):
+    """Issue 28: on pytensor >= 3.1 Split takes (x, splits) with the axis as a property; the symbolic gradient
+    of pt.concatenate is a Split, converted natively and equal to PyTensor's C backend."""
+    inputs, outputs = concat_grad()
+    assert "Split" in _op_names(inputs, outputs, rewrite)
+    stats = {}
+    got = to_function(jpt.to_graph(inputs, outputs, rewrite=rewrite, stats=stats))(*vals(*inputs))
+    assert stats["fallback"] == 0, stats
+    args = vals(*inputs)
+    got = to_function(jpt.to_graph(inputs, outputs, rewrite=rewrite))(*args)
+    want = pytensor.function(inputs, outputs)(*args)
+    for o, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(o), w, rtol=1e-12)
+
+
+def test_split_bad_sizes_is_a_clear_error():
+    x = T("x", 5, 3)
+    outs = pt.split(x, [2, 2], n_splits=2, axis=0)
+    with pytest.raises(jpt.ConversionError, match="Split.*sizes \\[2, 2\\]"):
+        jpt.to_graph([x], list(outs), rewrite=False)
+
+
+@pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
+def test_logsumexp_native_matches_scipy_and_softmax_gradient(rewrite):
+    """LogSumExp (an op since pytensor 3; mixtures, zero-inflated counts) converts natively: values equal
+    scipy.special.logsumexp, including rows of -inf (no NaN) and large values; the gradient is softmax."""
+    from scipy.special import logsumexp, softmax
+    import importlib
+    if not hasattr(importlib.import_module("pytensor.tensor.special"), "LogSumExp"):
+        pytest.skip("pytensor < 3 has no LogSumExp op: logsumexp is log(sum(exp(x))), which its rewrites "
+                    "stabilize for values, not for the gradient of a row near overflow")
+    x = T("x", 4, 3)
+    out = pt.logsumexp(x, axis=1)
+    stats = {}
+    f = to_function(jpt.to_graph([x], out, rewrite=rewrite, stats=stats))
+    assert stats["fallback"] == 0, stats
+    xv = rng.normal(size=(4, 3)) * 3
+    xv[1] = -np.inf
+    xv[2] = [800.0, 799.0, -np.inf]
+    np.testing.assert_allclose(np.asarray(f(xv)), logsumexp(xv, axis=1), rtol=1e-14)
+    fin = rng.normal(size=(4, 3)) * 3
+    fin[2] = [800.0, 799.0, 700.0]
+    g = jax.grad(lambda a: (f(a) * jnp.arange(1.0, 5.0)).sum())(fin)
+    np.testing.assert_allclose(np.asarray(g), softmax(fin, axis=1) * np.arange(1.0, 5.0)[:, None], rtol=1e-12)
+
+
+def test_gammaincc_native_matches_scipy_and_pytensor_gradient():
+    """GammaIncC (hurdle and truncated Poisson normalizers) converts to lax.igammac: values equal scipy; the
+    gradient in both arguments equals PyTensor's own (C) symbolic gradient."""
+    from scipy.special import gammainc, gammaincc
+    k, x = T("k", 5), T("x", 5)
+    outs = [pt.gammaincc(k, x), pt.gammainc(k, x)]
+    stats = {}
+    f = to_function(jpt.to_graph([k, x], outs, stats=stats))
+    assert stats["fallback"] == 0, stats
+    kv, xv = np.array([0.5, 1.0, 2.5, 7.0, 20.0]), np.array([0.3, 2.0, 1.0, 9.0, 15.0])
+    q, p = f(kv, xv)
+    np.testing.assert_allclose(np.asarray(q), gammaincc(kv, xv), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(p), gammainc(kv, xv), rtol=1e-12)
+    # gradients: d/dx exactly -x^(k-1) e^-x / Gamma(k); d/dk against a central difference of scipy (PyTensor
+    # 2.38's own symbolic d/dk is wrong at k=20, x=15: -5.06 where the difference gives 0.243)
+    from scipy.special import gammaln
+    got = jax.grad(lambda a, b: (f(a, b)[0] * jnp.arange(1.0, 6.0)).sum(), argnums=(0, 1))(kv, xv)
+    dx = -np.exp((kv - 1) * np.log(xv) - xv - gammaln(kv))
+    np.testing.assert_allclose(np.asarray(got[1]), dx * np.arange(1.0, 6.0), rtol=1e-10)
+    h = 1e-5
+    dk = (gammaincc(kv + h, xv) - gammaincc(kv - h, xv)) / (2 * h)
+    np.testing.assert_allclose(np.asarray(got[0]), dk * np.arange(1.0, 6.0), rtol=1e-6)
+
+
+def test_always_true_check_conditions():
+    """Which parameter-check conditions jaxform drops (true for every non-NaN input) and which it keeps."""
+    x = T("x", 3)
+    holds = {"sigmoid >= 0": pt.sigmoid(x) >= 0, "sigmoid <= 1": pt.sigmoid(x) <= 1, "exp > 0": pt.exp(x) > 0,
+             "all(0 <= sigmoid <= 1)": pt.all(pt.stack([pt.all(pt.sigmoid(x) >= 0), pt.all(pt.sigmoid(x) <= 1)])),
+             "0 < exp": 0 < pt.exp(x), "abs >= 0": pt.abs(x) >= 0}
+    fails = {"x > 0": x > 0, "abs > 0": pt.abs(x) > 0, "exp >= 1": pt.exp(x) >= 1, "sigmoid < 0.5": pt.sigmoid(x) < 0.5,
+             "exp > 0 and x > 0": pt.and_(pt.exp(x) > 0, x > 0)}
+    assert all(jpt._always_holds(v) for v in holds.values()), {k: jpt._always_holds(v) for k, v in holds.items()}
+    assert not any(jpt._always_holds(v) for v in fails.values()), {k: jpt._always_holds(v) for k, v in fails.items()}
