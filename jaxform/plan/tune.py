@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 
 import jax
 import numpy as np
@@ -46,16 +45,8 @@ def _inputs(closed, example_args):
 
 def time_programs(programs, args, reps: int = REPS) -> list[float]:
     """Min-of-`reps` seconds of each jitted program, runs interleaved (the machine's noise hits all alike)."""
-    fns = [jax.jit(lambda *x, c=c: _jax.eval_jaxpr(c, *x)) for c in programs]
-    for f in fns:
-        jax.block_until_ready(f(*args))
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, f in enumerate(fns):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            best[i] = min(best[i], time.perf_counter() - t)
-    return best
+    from ..inspect.program import min_time
+    return min_time([jax.jit(lambda *x, c=c: _jax.eval_jaxpr(c, *x)) for c in programs], args, reps)
 
 
 def measured(before, after, example_args=None) -> tuple[float, float] | None:
