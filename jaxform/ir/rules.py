@@ -42,7 +42,12 @@ def rules(closed) -> dict[int, str]:
 
 
 def _inexact(a) -> bool:
-    return np.issubdtype(np.dtype(a.dtype), np.inexact)
+    """A float or complex input to differentiate; PRNG key arrays (dtype key<fry>, which NumPy cannot
+    interpret) and integers are not."""
+    try:
+        return np.issubdtype(np.dtype(a.dtype), np.inexact)
+    except TypeError:
+        return False
 
 
 def check_installed_rules(closed, like) -> None:

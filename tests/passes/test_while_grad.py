@@ -1,4 +1,6 @@
 """while_grad: jax.grad through data-dependent while loops equals the unrolled scan's gradient."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,3 +233,33 @@ def test_memory_grows_like_the_square_root_of_the_bound():
     print({k: v / 2 ** 20 for k, v in mem.items()}, scan_mem / 2 ** 20)
     assert mem[1600] < mem[100] * 6          # 16x the steps, about 4x the memory (√16)
     assert mem[1600] < scan_mem / 8          # plain JAX's scan of the same length stores every step
+
+
+def test_typed_key_in_the_carry_and_a_custom_vjp_in_the_body():
+    """Found by the attack on this pass: with a typed PRNG key argument the optimize-time check of the rules
+    while_grad installs asked NumPy for the dtype key<fry>, raised, and the pass was skipped (grad then
+    failed as plain JAX's). Keys are not differentiated; the gradient equals the 3-step scan's."""
+    @jax.custom_vjp
+    def cv(a):
+        return jnp.sin(a)
+    cv.defvjp(lambda a: (jnp.sin(a), a), lambda a, g: (g * 3.0,))
+
+    def step(c, k):
+        k, sub = jax.random.split(k)
+        return cv(c) + jax.random.normal(sub, c.shape) * 0.1, k
+
+    def f(x, key):
+        def body(s):
+            i, c, k = s
+            c, k = step(c, k)
+            return i + 1, c, k
+        return lax.while_loop(lambda s: s[0] < 3, body, (0, x, key))[1].sum()
+
+    def f_scan(x, key):
+        (c, _), _ = lax.scan(lambda ck, _: (step(*ck), None), (x, key), None, length=3)
+        return c.sum()
+    x, key = jnp.array([1.0, 2.0]), jax.random.key(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = jax.grad(jaxform.optimize(f, memory="auto", max_steps=5))(x, key)
+    np.testing.assert_allclose(g, jax.grad(f_scan)(x, key), rtol=1e-6)
