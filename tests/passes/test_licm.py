@@ -6,6 +6,7 @@ import pytest
 from jax import lax
 
 import jaxform
+from jaxform import _jax
 from jaxform.ir import Graph
 from jaxform.passes import hoist_loop_invariants
 from jaxform.optimize import run_passes
