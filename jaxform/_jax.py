@@ -450,6 +450,8 @@ def scan_params(*, length: int, reverse: bool, unroll, num_consts: int, num_carr
         p["linear"] = (False,) * num_operands
     if "_split_transpose" in names:
         p["_split_transpose"] = False
+    return p
+
 
 # ---- a primitive of jaxform's own: a tangent guard whose transpose raises ---------------
 
