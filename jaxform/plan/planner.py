@@ -204,19 +204,20 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                 won.append(i)
         else:
             skip.add(i)
-    return Plan(_xla_guard(closed, good, decisions, plain_cost), decisions, frozenset(skip))
+    return Plan(_xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always)), decisions,
+                frozenset(skip))
 
 
 XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable
 
 
-def _xla_guard(closed, chosen, decisions: list, plain_cost):
+def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided):
     """The last word on a small program: XLA's `memory_analysis()` of the chosen program (forward and
     gradient) against the traced one's. On a few-KiB program the model's resolution is coarser than what
     a hoisted 64-byte value costs (dynamax's two-filter smoother: 808 -> 872 B, +8%). Bigger programs are left to the model (one
     compile costs seconds there); any failure to compile here leaves the choice as it was. The tolerance
     is the model's, MEMORY_REL (1%): a fused loss adds a few carries (0.04%) to a 500 MiB gradient."""
-    if chosen is closed or len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS or \
+    if chosen is closed or not decisions or len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS or \
             any(isinstance(c, _jax.Tracer) for c in closed.consts):
         return chosen
     try:
@@ -228,8 +229,8 @@ def _xla_guard(closed, chosen, decisions: list, plain_cost):
             if opt > plain * (1 + MEMORY_REL):
                 decisions.append(Decision("planner", False, plain_cost, plain_cost,
                                           f"XLA measured {what} temp {opt} B > {plain} B as traced: "
-                                          f"the program is kept as traced"))
-                return closed
+                                          f"no loop rewrite is kept"))
+                return undecided()   # the passes that are not decided (inline, dce, while_grad) still run
     except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
         return chosen
     return chosen

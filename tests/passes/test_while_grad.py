@@ -57,15 +57,6 @@ def fixed_point_parts(p):
 PARTS = {"newton": newton_parts, "ode": ode_parts, "fixed_point": fixed_point_parts}
 
 
-@pytest.fixture(autouse=True)
-def _newton_open_on_jax_012(request):
-    """Open on JAX >= 0.12: while_grad leaves the Newton loop (its operand `a` is a constant of both the
-    condition and the body) as it was, so jax.grad raises JAX's own while_loop error (not a wrong value).
-    The other loops pass there; on 0.10 all do. Strict: these turn red once it is fixed."""
-    from jaxform import _jax
-    if _jax.JAX_VERSION >= (0, 12) and ("newton" in request.node.name or "no_bound" in request.node.name):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="while_grad leaves the Newton loop on JAX 0.12"))
-
 
 def params(name, dtype=np.float32, seed=0):
     r = np.random.RandomState(seed)
