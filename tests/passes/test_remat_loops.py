@@ -367,7 +367,8 @@ def test_explain_reports_each_loop():
     assert loop["schedule"] is None and "effects" in loop["why"]
 
 
-@_OPEN_ON_012
+@pytest.mark.xfail(strict=False, reason="open: the planner's XLA check on small programs drops the 'min' schedule "
+                   "of this 20-step keyed loop (forward temp above plain); the values are checked in the other tests")
 def test_impure_bodies_are_not_recomputed_pure_rng_and_custom_rules_are():
     """Recomputing a step must give the same values: a stateful rng_uniform would draw again, so such a
     loop is left as is; a keyed draw (pure given its key) and a custom_jvp rule are recomputed exactly."""
