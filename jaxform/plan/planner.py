@@ -204,10 +204,8 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                 won.append(i)
         else:
             skip.add(i)
-    chosen = _xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always))
-    if chosen is good and _asks_least(memory):
-        chosen = _least_xla_memory(closed, chosen, pipeline, skip, run, memory, decisions, plain_cost)
-    return Plan(chosen, decisions, frozenset(skip))
+    return Plan(_xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always)), decisions,
+                frozenset(skip))
 
 
 XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable
@@ -236,43 +234,6 @@ def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided):
     except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
         return chosen
     return chosen
-
-
-def _asks_least(memory) -> bool:
-    return memory == "min" or isinstance(memory, (int, float)) and not isinstance(memory, bool)
-
-
-def _least_xla_memory(closed, chosen, pipeline, skip, run, memory, decisions, plain_cost):
-    """`memory="min"`, or a byte budget XLA finds the chosen program above: on a small program, the other
-    loop schedules are compiled too and the least gradient temp XLA measures wins. The model's schedule
-    bytes are per loop; a schedule's fixed cost (revolve's interpreter, the extra buffers of a two-level
-    loop) is not in them, and on a few-KiB loop it decides: a zero budget chose revolve (7.3 KiB under
-    grad) where "min"'s two-level schedule takes 2.5 KiB. A candidate must also keep the forward program
-    within the traced one's. Bigger programs are left to the model, as in `_xla_guard`."""
-    from ..passes.remat_loops import with_memory
-    at = [k for k, p in enumerate(pipeline) if base_name(p) == "remat_loops" and k not in skip]
-    if not at or len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS or \
-            any(isinstance(c, _jax.Tracer) for c in closed.consts):
-        return chosen
-    try:
-        grad_of = lambda c: _xla_temp(g) if (g := _cost.gradient_program(c)) is not None else None  # noqa: E731
-        best, best_grad = chosen, grad_of(chosen)
-        if best_grad is None or isinstance(memory, (int, float)) and best_grad <= memory:
-            return chosen
-        traced_fwd = _xla_temp(closed)
-        others = {"min": with_memory("min"), "none": None} if memory != "min" else {"none": None}
-        for label, alt_pass in others.items():
-            alt_pipe = [alt_pass if k in at else p for k, p in enumerate(pipeline) if k not in skip]
-            alt = run(closed, [p for p in alt_pipe if p is not None])
-            g = grad_of(alt)
-            if g is not None and g < best_grad * (1 - MEMORY_REL) and _xla_temp(alt) <= traced_fwd * (1 + MEMORY_REL):
-                decisions.append(Decision("planner", True, plain_cost, plain_cost,
-                                          f"XLA measured gradient temp {g} B with loop schedule {label!r} < "
-                                          f"{best_grad} B for memory={memory!r}: kept the least"))
-                best, best_grad = alt, g
-        return best
-    except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
-        return chosen
 
 
 def _xla_temp(closed) -> int:

