@@ -226,6 +226,41 @@ def _jax_disagrees_with_itself(eager_original, want, got, tol) -> bool:
     return False
 
 
+NARROW = ("jnp.float16", "jnp.bfloat16")
+
+
+def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
+    """A program that computes in float16/bfloat16 has no single right answer to a tolerance: JAX accumulates a
+    loop constant's cotangent in its own narrow dtype, so 3000 float16 steps of 1.0 saturate at 2048 in plain
+    JAX, while two-level checkpointing (memory="min") sums per chunk and lands near the exact 2633. Then the
+    oracle is the same program computed in float32 (its source with the narrow dtypes widened): the transformed
+    program passes where it is, everywhere, at least as close to that as plain JAX is (within `tol`), and the
+    case is counted, not failed. Either way round a worse result still fails."""
+    if not any(t in prog.source for t in NARROW):
+        return False
+    import dataclasses
+    wide_src = prog.source
+    for t in NARROW:
+        wide_src = wide_src.replace(t, "jnp.float32")
+    try:
+        wide = dataclasses.replace(prog, source=wide_src)
+        closed = jax.make_jaxpr(wide.fn)(*jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(prog.args()),
+                                                                      leaves))
+        exact = probe([closed], leaves, vmap=prog.vmap, **diff)[0]
+        for w, g, e in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, exact))):
+            w, g, e = (np.asarray(x, np.float64) for x in (w, g, e))
+            if w.shape != g.shape or g.shape != e.shape:
+                return False
+            with np.errstate(invalid="ignore"):
+                ok = (np.abs(g - e) <= np.abs(w - e) + tol[1] + tol[0] * np.abs(e)) | (np.isnan(g) & np.isnan(w))
+            if not ok.all():
+                return False
+    except Exception:  # noqa: BLE001 - no widened oracle: the mismatch stands
+        return False
+    STATS["oracle:transformed_more_accurate_than_jax"] += 1
+    return True
+
+
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf")
 
 
@@ -443,7 +478,8 @@ def _check(prog, names, api, collect):
             try:
                 _close(want, g, "values", who, "values, derivatives, vmap (jit)", tol)
             except Mismatch as e:
-                if not _jax_disagrees_with_itself(eager_original, want, g, tol):
+                if not _jax_disagrees_with_itself(eager_original, want, g, tol) and \
+                        not _transformed_is_more_accurate(prog, leaves, want, g, tol, diff):
                     fail(e)
         if prog.effects:
             for jit in (False, True):

@@ -62,11 +62,6 @@ EDGE = edge_catalog()
 def test_edge_programs(prog, request):
     """Issue 26's classes, one fixed program each (edge_catalog): every pass and the default pipeline, values
     with inf/NaN positions exact, derivatives, vmap, dtypes and weak types; the API checks where marked."""
-    if {"mixed:f16_dot_f32", "length:long"} <= set(prog.features):
-        # Open (found when the memory pipelines met the edge catalog): under memory="min" (two-level
-        # checkpointing) the derivative of a long f16 x f16 -> f32 accumulation saturates at 2048 (float16)
-        # where plain JAX gives 2636: a cotangent is accumulated in float16 across the outer loop.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="remat_loops(min): f16 cotangent accumulation"))
     before = STATS.copy()
     check(prog)
     mine = STATS.copy()

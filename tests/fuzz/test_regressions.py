@@ -58,3 +58,29 @@ REGRESSIONS = {
 @pytest.mark.parametrize("name", REGRESSIONS)
 def test_regression(name):
     check(REGRESSIONS[name])
+
+
+def test_long_float16_cotangent_oracle_is_accuracy_not_plain_jax():
+    """Found by the edge catalog (issue 26's fuzzer, taken then for a memory="min" bug): the derivative of a
+    3000-step f16 x f16 -> f32 accumulation with respect to the f16 weights. Plain JAX accumulates that
+    cotangent in float16 and saturates at 2048; two-level checkpointing sums per chunk and lands near the
+    exact 3000 * 0.8776 = 2633. The fuzzer's oracle is then the program widened to float32: the transformed
+    result must be at least as close to it as plain JAX's, and a worse one still fails."""
+    import jax
+    import numpy as np
+    from jaxform.optimize import run_passes
+    from fuzz import differential as D
+    from fuzz.programs import edge_catalog
+    prog = next(p for p in edge_catalog() if {"mixed:f16_dot_f32", "length:long"} <= set(p.features))
+    leaves = jax.tree_util.tree_leaves(prog.args())
+    closed = jax.make_jaxpr(prog.fn)(*prog.args())
+    opt = run_passes(closed, D.pipelines()["memory=min"], strict=True)   # the fuzzer's memory="min" pipeline
+    diff = dict(reverse=True, forward=True)
+    want, got = D.probe([closed, opt], leaves, vmap=False, **diff)
+    w_grad, g_grad = np.asarray(want[1][1]), np.asarray(got[1][1])
+    exact = 3000 * np.asarray(D._weights((1, 2)))[0]
+    assert np.all(w_grad[:, 0] == 2048)                            # plain JAX: float16 saturation
+    np.testing.assert_allclose(g_grad[:, 0], exact[0], rtol=5e-3)  # memory="min": near the exact sum
+    tol = D._tol(prog)
+    assert D._transformed_is_more_accurate(prog, leaves, want, got, tol, diff)
+    assert not D._transformed_is_more_accurate(prog, leaves, got, want, tol, diff)   # the worse one fails
