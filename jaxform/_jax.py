@@ -472,3 +472,76 @@ def transpose_error_primitive():
     batching.primitive_batchers[p] = lambda args, dims, **kw: (p.bind(*args, **kw), dims[0])
     mlir.register_lowering(p, lambda ctx, x, **kw: [x])
     return p
+
+
+# ---- a linear function with its own transpose, under vmap ---------------------------------------------------
+# `jax.custom_derivatives.linear_call(f, f_transpose, residuals, linear)` is JAX's public way to give a linear
+# map its own transpose (revolve's forward mode: the tangent is the plain scan's JVP, its transpose the binomial
+# schedule). JAX registers jvp, transpose and lowering rules for it but no batching rule (0.10-0.12), so vmap of
+# anything holding one fails. The rule below batches both functions alike: residuals keep their batch axes, the
+# linear operands are batched at 0 (so the transpose's cotangents line up), outputs at 0.
+
+def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
+    """`closed` under vmap of `size` with `in_axes` (0 or None each), all outputs at 0."""
+    specs = [jax.ShapeDtypeStruct(a.shape if ax is None else (size, *a.shape), a.dtype)
+             for a, ax in zip(closed.in_avals, in_axes)]
+    f = lambda *a: _core.eval_jaxpr(closed.jaxpr, closed.consts, *a)   # noqa: E731
+    return jax.make_jaxpr(jax.vmap(f, in_axes=tuple(in_axes), out_axes=0, axis_size=size))(*specs)
+
+
+def _linear_call_batch(args, dims, *, callee, transpose_thunk, num_callee_consts, num_res):
+    from jax._src.interpreters import batching
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    nfix = num_callee_consts + num_res
+    fixed = [a if d is None else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args[:nfix], dims[:nfix])]
+    fixed_axes = [None if d is None else 0 for d in dims[:nfix]]
+    lin = [batching.bdim_at_front(a, d, size) for a, d in zip(args[nfix:], dims[nfix:])]
+    b_callee = _vmap_closed(callee, fixed_axes + [0] * len(lin), size)
+    res_axes = fixed_axes[num_callee_consts:]
+
+    def b_transpose_thunk():
+        t, t_consts = transpose_thunk()
+        n_cts = len(t.in_avals) - len(t_consts) - num_res
+        return _vmap_closed(t, [None] * len(t_consts) + res_axes + [0] * n_cts, size), t_consts
+
+    out = linear_call_p().bind(*fixed, *lin, callee=b_callee, transpose_thunk=b_transpose_thunk,
+                               num_callee_consts=num_callee_consts, num_res=num_res)
+    return out, [0] * len(out)
+
+
+def linear_call_p():
+    from jax._src import custom_derivatives
+    return custom_derivatives.linear_call_p
+
+
+def _linear_call_jvp(jax_rule):
+    """JAX's rule asserts that the residuals have no tangent; forward mode over a transposed linear_call
+    (`jax.jvp(jax.grad(f))`, a Hessian-vector product) gives them one. There the map is differentiated as
+    the plain function it is (its tangent needs no custom transpose: forward mode is not transposed)."""
+    def rule(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
+        n = num_callee_consts + num_res
+        if all(type(t).__name__ == "Zero" for t in tangents[:n]):
+            return jax_rule(primals, tangents, callee=callee, transpose_thunk=transpose_thunk,
+                            num_callee_consts=num_callee_consts, num_res=num_res)
+        tangents = [jax.numpy.zeros(t.aval.shape, t.aval.dtype) if type(t).__name__ == "Zero" else t
+                    for t in tangents]
+        f = lambda *a: _core.eval_jaxpr(callee.jaxpr, callee.consts, *a)   # noqa: E731
+        out, t_out = jax.jvp(f, tuple(primals), tuple(tangents))
+        return list(out), list(t_out)
+    rule.jaxform = True
+    return rule
+
+
+def install_linear_call_batching() -> bool:
+    """Register `_linear_call_batch` and `_linear_call_jvp` once (unless this JAX has a batching rule of its
+    own); False where the internals differ (revolve then keeps its reverse-only rule)."""
+    try:
+        from jax._src.interpreters import ad, batching
+        p = linear_call_p()
+        if p not in batching.fancy_primitive_batchers:
+            batching.primitive_batchers[p] = _linear_call_batch
+        if not getattr(ad.primitive_jvps[p], "jaxform", False):
+            ad.primitive_jvps[p] = _linear_call_jvp(ad.primitive_jvps[p])
+        return True
+    except Exception:  # noqa: BLE001 - another JAX layout: revolve then keeps its reverse-only rule
+        return False

@@ -6,8 +6,8 @@ under x64, a wrong cotangent structure) would escape `run_passes`' safety net an
 user's `jax.grad`. So every rule that is new in a pass's output (compared by the identity of its
 rule callables with the input's; the user's own rules are not re-checked) is traced there, on
 the signature's avals: reverse mode (`grad` of the sum of the inexact outputs, tracing fwd and
-bwd) for custom_vjp, forward mode (`jvp`) for custom_jvp. A failure raises, so the pass is
-skipped (or, with strict, raises) at optimization time.
+bwd) for custom_vjp, both modes for custom_jvp (forward mode runs its rule, reverse mode transposes
+it). A failure raises, so the pass is skipped (or, with strict, raises) at optimization time.
 """
 from __future__ import annotations
 
@@ -77,8 +77,10 @@ def check_installed_rules(closed, like) -> None:
         jax.make_jaxpr(lambda *a: jax.jvp(lambda *d: _jax.eval_jaxpr(c, *with_(d, a)),
                                           [a[i] for i in diff], [jnp.ones_like(a[i]) for i in diff]))(*specs)
 
-    for mode, prim in ((reverse, "custom_vjp_call"), (forward, "custom_jvp_call")):
-        if prim in new.values():
+    # A custom_jvp is differentiated both ways: forward through its rule, reverse by transposing the rule's
+    # linear part (revolve's: a `linear_call` whose transpose is the binomial schedule).
+    for mode, prims in ((reverse, ("custom_vjp_call", "custom_jvp_call")), (forward, ("custom_jvp_call",))):
+        if any(p in new.values() for p in prims):
             try:
                 mode(closed)
             except Exception:

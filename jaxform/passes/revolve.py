@@ -29,6 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import linear_call
+
+from .. import _jax
 
 SAVE, LOAD, ADVANCE, REVERSE = range(4)
 
@@ -79,80 +82,128 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
     """`lax.scan(partial(step, consts), carry, xs)` whose gradient stores `slots` carries.
 
     step(consts, carry, x) -> (carry, y); all leaves of consts/carry/xs/ys inexact.
+
+    A `custom_jvp` whose tangent is a linear map with its own transpose (`linear_call`): forward
+    mode runs the plain scan's JVP (so `jax.jvp`/`jacfwd` work as on the original loop), reverse mode
+    transposes that map with the binomial schedule, its only residuals the loop's inputs. (A
+    `custom_vjp` would give reverse mode alone: JAX cannot run forward mode through one.) Which inputs
+    are differentiated is read from the tangents' symbolic zeros by each trace of the rule: a rule is a
+    pure function of its arguments, nothing one trace writes is read by another (JAX caches traces).
+    Where this JAX lacks what `linear_call` needs under vmap, the reverse-only `custom_vjp` stands.
     """
     rows = schedule(length, slots)
     packed = rows[:, 0] | (rows[:, 1] << 2)   # one int32 a row: op in 2 bits, arg above (numpy: no tracer)
+    plain = lambda k, c, x: lax.scan(functools.partial(step, k), c, x, length=length)   # noqa: E731
+    reverse = functools.partial(_revolve_vjp, step, length, slots, packed)
+    if not _jax.install_linear_call_batching():
+        return _reverse_only(plain, reverse)(consts, carry, xs)
 
+    @jax.custom_jvp
+    def run(consts, carry, xs):
+        return plain(consts, carry, xs)
+
+    def run_jvp(primals, tangents):
+        flat_t, t_tree = jax.tree_util.tree_flatten(tangents)
+        flat_p = jax.tree_util.tree_leaves(primals)
+        which = [not _is_symbolic_zero(t) for t in flat_t]
+        n_k, n_c = (len(jax.tree_util.tree_leaves(primals[i])) for i in (0, 1))
+        wanted_xs = which[n_k + n_c:]
+
+        def tangent(res, lin):   # the plain scan's JVP: linear in `lin`
+            it = iter(lin)
+            full = [next(it) if w else jnp.zeros_like(p) for p, w in zip(flat_p, which)]
+            return jax.jvp(plain, res, jax.tree_util.tree_unflatten(t_tree, full))[1]
+
+        def transpose(res, ct):  # its transpose: the binomial schedule, recomputing from the inputs
+            ct_k, ct_c, ct_xs = reverse(*res, wanted_xs, ct)
+            flat_ct = jax.tree_util.tree_leaves((ct_k, ct_c)) + [c for c in jax.tree_util.tree_leaves(ct_xs)]
+            it = iter(flat_ct[n_k + n_c:])
+            flat_ct = flat_ct[:n_k + n_c] + [next(it) if w else None for w in wanted_xs]
+            return [c for c, w in zip(flat_ct, which) if w]
+
+        out = plain(*primals)
+        lin = [t for t, w in zip(flat_t, which) if w]
+        return out, linear_call(tangent, transpose, primals, lin)
+
+    run.defjvp(run_jvp, symbolic_zeros=True)
+    return run(consts, carry, xs)
+
+
+def _is_symbolic_zero(t) -> bool:
+    return type(t).__name__ == "SymbolicZero"
+
+
+def _reverse_only(plain, reverse):
+    """The loop as a `custom_vjp` (no forward mode): where `linear_call` cannot be batched on this JAX."""
     @jax.custom_vjp
     def run(consts, carry, xs):
-        return lax.scan(functools.partial(step, consts), carry, xs, length=length)
+        return plain(consts, carry, xs)
 
     def fwd(consts, carry, xs):
         value = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
-        # Which xs leaves are differentiated reaches bwd in the residuals, as the length (1 or 0) of one empty
-        # marker each: a rule is a pure function of its arguments. A flag kept on the Python side by one fwd trace
-        # was read by the bwd of another (JAX memoizes fwd traces): zero gradients w.r.t. xs after a gradient
-        # w.r.t. the weights. Not in the tree structure either: JAX unflattens residuals with the structure of
-        # the latest fwd trace, while each trace's avals (so the markers' shapes) are its own.
+        # Which xs are differentiated reaches bwd in the residuals, as the length (1 or 0) of an empty marker
+        # each: a flag kept on the Python side by one fwd trace was read by another's bwd (JAX memoizes fwd).
         wanted = [jnp.zeros((1 if p.perturbed else 0,), jnp.int8) for p in jax.tree_util.tree_leaves(xs)]
         consts, carry, xs = value(consts), value(carry), value(xs)
-        out = lax.scan(functools.partial(step, consts), carry, xs, length=length)   # plain: fwd is jvp-able
-        return out, (consts, carry, xs, wanted)
+        return plain(consts, carry, xs), (consts, carry, xs, wanted)
 
     def bwd(res, ct):
         consts, carry0, xs, wanted = res
-        wanted = [w.shape[0] == 1 for w in wanted]
-        ct_carry, ct_ys = ct
-        zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
-        ct_ys = jax.tree_util.tree_map(_instantiate, ct_ys, run_out_ys(consts, carry0, xs))
-        ct_carry = jax.tree_util.tree_map(_instantiate, ct_carry, carry0)
-        x_leaves, x_tree = jax.tree_util.tree_flatten(xs)
-        table = jnp.asarray(packed)
-        x_at = lambda t: jax.tree_util.tree_map(lambda x: x[t], xs)   # noqa: E731
-        store = jax.tree_util.tree_map(lambda c: jnp.zeros((slots, *jnp.shape(c)), jnp.result_type(c)), carry0)
-        steps = jnp.zeros(slots, jnp.int32)   # the step each slot's carry is before
-
-        def advance(c, t, n):
-            return lax.fori_loop(0, n, lambda i, c: step(consts, c, x_at(t + i))[0], c), t + n
-
-        def reverse(c, t, ct_c, ct_k, ct_xs):
-            _, vjp = jax.vjp(lambda k, c, x: step(k, c, x), consts, c, x_at(t))
-            ct_y = jax.tree_util.tree_map(lambda y: y[t], ct_ys)
-            dk, dc, dx = vjp((ct_c, ct_y))
-            ct_k = jax.tree_util.tree_map(jnp.add, ct_k, dk)
-            dx = [d for d, w in zip(jax.tree_util.tree_leaves(dx), wanted) if w]
-            ct_xs = [b.at[t].set(d) for b, d in zip(ct_xs, dx)]
-            return dc, ct_k, ct_xs
-
-        def body(state):
-            i, c, t, store, steps, ct_c, ct_k, ct_xs = state
-            op, arg = table[i] & 3, table[i] >> 2
-
-            def save():
-                return (c, t, jax.tree_util.tree_map(lambda s, v: s.at[arg].set(v), store, c),
-                        steps.at[arg].set(t), ct_c, ct_k, ct_xs)
-
-            def load():
-                return jax.tree_util.tree_map(lambda s: s[arg], store), steps[arg], store, steps, ct_c, ct_k, ct_xs
-
-            def adv():
-                c2, t2 = advance(c, t, arg)
-                return c2, t2, store, steps, ct_c, ct_k, ct_xs
-
-            def rev():
-                dc, k2, x2 = reverse(c, t, ct_c, ct_k, ct_xs)
-                return c, t, store, steps, dc, k2, x2
-            return (i + 1, *lax.switch(op, [save, load, adv, rev]))
-
-        i32 = lambda n: jnp.asarray(n, jnp.int32)   # noqa: E731  (a Python int is int64 under jax_enable_x64)
-        state = (i32(0), carry0, i32(0), store, steps, ct_carry, zeros(consts),
-                 [jnp.zeros_like(x) for x, w in zip(x_leaves, wanted) if w])
-        *_, ct_c, ct_k, ct_xs = lax.while_loop(lambda s: s[0] < table.shape[0], body, state)
-        it = iter(ct_xs)   # xs that are not differentiated get no cotangent buffer at all
-        return ct_k, ct_c, jax.tree_util.tree_unflatten(x_tree, [next(it) if w else None for w in wanted])
-
-    def run_out_ys(consts, carry, xs):
-        return jax.eval_shape(lambda: run(consts, carry, xs)[1])
+        return reverse(consts, carry0, xs, [w.shape[0] == 1 for w in wanted], ct)
 
     run.defvjp(fwd, bwd, symbolic_zeros=True)
-    return run(consts, carry, xs)
+    return run
+
+
+def _revolve_vjp(step, length: int, slots: int, packed, consts, carry0, xs, wanted: list, ct):
+    """(ct_consts, ct_carry, ct_xs) of the loop from its inputs, replaying the binomial schedule `packed`;
+    ct_xs has None for the xs leaves not `wanted` (no cotangent buffer is built for them)."""
+    ct_carry, ct_ys = ct
+    zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
+    ys_like = jax.eval_shape(lambda: lax.scan(functools.partial(step, consts), carry0, xs, length=length)[1])
+    ct_ys = jax.tree_util.tree_map(_instantiate, ct_ys, ys_like)
+    ct_carry = jax.tree_util.tree_map(_instantiate, ct_carry, carry0)
+    x_leaves, x_tree = jax.tree_util.tree_flatten(xs)
+    table = jnp.asarray(packed)
+    x_at = lambda t: jax.tree_util.tree_map(lambda x: x[t], xs)   # noqa: E731
+    store = jax.tree_util.tree_map(lambda c: jnp.zeros((slots, *jnp.shape(c)), jnp.result_type(c)), carry0)
+    steps = jnp.zeros(slots, jnp.int32)   # the step each slot's carry is before
+
+    def advance(c, t, n):
+        return lax.fori_loop(0, n, lambda i, c: step(consts, c, x_at(t + i))[0], c), t + n
+
+    def reverse(c, t, ct_c, ct_k, ct_xs):
+        _, vjp = jax.vjp(lambda k, c, x: step(k, c, x), consts, c, x_at(t))
+        ct_y = jax.tree_util.tree_map(lambda y: y[t], ct_ys)
+        dk, dc, dx = vjp((ct_c, ct_y))
+        ct_k = jax.tree_util.tree_map(jnp.add, ct_k, dk)
+        dx = [d for d, w in zip(jax.tree_util.tree_leaves(dx), wanted) if w]
+        ct_xs = [b.at[t].set(d) for b, d in zip(ct_xs, dx)]
+        return dc, ct_k, ct_xs
+
+    def body(state):
+        i, c, t, store, steps, ct_c, ct_k, ct_xs = state
+        op, arg = table[i] & 3, table[i] >> 2
+
+        def save():
+            return (c, t, jax.tree_util.tree_map(lambda s, v: s.at[arg].set(v), store, c),
+                    steps.at[arg].set(t), ct_c, ct_k, ct_xs)
+
+        def load():
+            return jax.tree_util.tree_map(lambda s: s[arg], store), steps[arg], store, steps, ct_c, ct_k, ct_xs
+
+        def adv():
+            c2, t2 = advance(c, t, arg)
+            return c2, t2, store, steps, ct_c, ct_k, ct_xs
+
+        def rev():
+            dc, k2, x2 = reverse(c, t, ct_c, ct_k, ct_xs)
+            return c, t, store, steps, dc, k2, x2
+        return (i + 1, *lax.switch(op, [save, load, adv, rev]))
+
+    i32 = lambda n: jnp.asarray(n, jnp.int32)   # noqa: E731  (a Python int is int64 under jax_enable_x64)
+    state = (i32(0), carry0, i32(0), store, steps, ct_carry, zeros(consts),
+             [jnp.zeros_like(x) for x, w in zip(x_leaves, wanted) if w])
+    *_, ct_c, ct_k, ct_xs = lax.while_loop(lambda s: s[0] < table.shape[0], body, state)
+    it = iter(ct_xs)   # xs that are not differentiated get no cotangent buffer at all
+    return ct_k, ct_c, jax.tree_util.tree_unflatten(x_tree, [next(it) if w else None for w in wanted])

@@ -409,7 +409,7 @@ def _revolve_rnn(W, xs):
 def test_revolve_rule_is_pure_alternating_argnums():
     W, xs = a(4, 4), a(23, 3, 4)
     opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)   # 1-byte budget: revolve, one slot
-    assert "custom_vjp" in str(jaxform.trace(opt, W, xs))
+    assert "custom_jvp" in str(jaxform.trace(opt, W, xs))
     for argnums in (1, 0, 1, (0, 1), 0, 1):   # a later trace of a fwd seen before is a cache hit
         want = jax.grad(_revolve_rnn, argnums)(W, xs)
         for got in (jax.grad(opt, argnums)(W, xs), jax.jit(jax.grad(opt, argnums))(W, xs)):
@@ -431,17 +431,39 @@ def test_revolve_under_x64():
     with jax.enable_x64(True):
         W, xs = a(4, 4), a(23, 3, 4)
         opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
-        assert "custom_vjp" in str(jaxform.trace(opt, W, xs))   # revolve really ran
+        assert "custom_jvp" in str(jaxform.trace(opt, W, xs))   # revolve really ran
         np.testing.assert_allclose(jax.grad(opt, 1)(W, xs), jax.grad(_revolve_rnn, 1)(W, xs), rtol=1e-5, atol=1e-6)
 
 
-# issue 26, finding 4 (open): forward mode over a loop scheduled by revolve fails, because revolve is a
-# custom_vjp (JAX cannot jvp one). Strict xfail: it turns red the day forward mode works, to be made a plain test.
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="issue 26 finding 4: jvp of revolve's custom_vjp")
+# issue 26, finding 4: forward mode over a loop scheduled by revolve failed (revolve was a custom_vjp, which JAX
+# cannot jvp). Revolve is now a custom_jvp whose tangent is a linear_call transposed by the binomial schedule.
 def test_revolve_forward_mode():
     W, xs = a(4, 4), a(23, 3, 4)
     opt = jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True)
-    assert "custom_vjp" in str(jaxform.trace(opt, W, xs))
+    assert "linear_call" in str(jax.make_jaxpr(jax.grad(opt, (0, 1)))(W, xs))   # revolve really ran
     got = jax.jvp(opt, (W, xs), (W, xs))
     want = jax.jvp(_revolve_rnn, (W, xs), (W, xs))
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+    # jacfwd batches the jvp (vmap of the tangent's linear_call)
+    np.testing.assert_allclose(jax.jacfwd(opt, 0)(W, xs), jax.jacfwd(_revolve_rnn, 0)(W, xs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(opt, 1))(W, xs), jax.jacfwd(_revolve_rnn, 1)(W, xs),
+                               rtol=1e-5, atol=1e-6)
+    # forward over reverse (Hessian-vector products) and vmap of the gradient, where the linear_call is transposed
+    hvp = lambda f: jax.jvp(jax.grad(f, 0), (W, xs), (W, xs))[1]   # noqa: E731
+    np.testing.assert_allclose(hvp(opt), hvp(_revolve_rnn), rtol=1e-4, atol=1e-6)
+    vg = lambda f: jax.vmap(jax.grad(f, (0, 1)), (None, 0))(W, jnp.stack([xs, 0.5 * xs]))   # noqa: E731
+    for x, y in zip(vg(opt), vg(_revolve_rnn)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_revolve_keeps_its_memory_under_grad():
+    """The forward-mode rule must not cost revolve its point: under grad the linear_call's only residuals are the
+    loop's inputs, so a tight budget still stores fewer bytes than two-level checkpointing."""
+    L, H = 1000, 32
+    W, xs = a(H, H) * 0.1, a(L, 4, H)
+
+    def temp(f):
+        return jax.jit(jax.grad(f, 0)).lower(W, xs).compile().memory_analysis().temp_size_in_bytes
+    tight = temp(jaxform.optimize(_revolve_rnn, passes=[with_memory(1)], strict=True))
+    sqrt = temp(jaxform.optimize(_revolve_rnn, passes=[with_memory("min")], strict=True))
+    assert tight < sqrt, (tight, sqrt)
