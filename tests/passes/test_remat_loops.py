@@ -328,7 +328,6 @@ def test_revolve_gradients_equal_scan(slots):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
-@_OPEN_ON_012
 def test_tight_budget_picks_revolve_and_fits():
     L, B, H, D = 2000, 64, 64, 4
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in [(H, H), (D, H), (B, H), (L, B, D), (L, B, H)]]
