@@ -373,8 +373,12 @@ def check_api_repeated(prog, args, tol, fail):
             if sched == "revolve":
                 _types_and_values(grad(both(fn), tuple(range(n)))(*args), grad(both(opt), tuple(range(n)))(*args),
                                   "api_grad", who, "grad of f(x) + 2 f(stop_gradient(x))", tol)
-                # forward over reverse (revolve's linear_call transposed, then differentiated forward)
-                hvp = lambda f: jax.jit(lambda *a: jax.jvp(jax.grad(loss(f), (0,)), a, tangents)[1])   # noqa: E731
+                # forward over reverse (revolve's linear_call transposed, then differentiated forward). Array
+                # tangents: JAX 0.10.2 itself fails jvp-of-grad through nested checkpointed scans (the "min"
+                # schedule, also what a short weakly typed loop gets for a 1-byte budget) when a tangent is a
+                # Python float ("non-canonical constant of type float"; plain JAX code, fixed in 0.12).
+                arr = tuple(jnp.ones_like(jnp.asarray(a)) for a in args)
+                hvp = lambda f: jax.jit(lambda *a: jax.jvp(jax.grad(loss(f), (0,)), a, arr)[1])   # noqa: E731
                 try:
                     w_hvp = want("hvp", lambda: hvp(fn)(*args))
                 except Exception:   # noqa: BLE001 - JAX cannot (a user's custom_vjp): nothing to compare
