@@ -514,19 +514,32 @@ def linear_call_p():
     return custom_derivatives.linear_call_p
 
 
+JAXFORM_LINEAR_CALLS = "_jaxform_revolve_"   # the names of the functions jaxform gives `linear_call`
+
+
+def _is_jaxform_linear_call(callee) -> bool:
+    name = getattr(getattr(callee.jaxpr, "debug_info", None), "func_name", "") or ""
+    return name.startswith(JAXFORM_LINEAR_CALLS)
+
+
 def _linear_call_jvp(jax_rule):
     """JAX's rule asserts that the residuals have no tangent; forward mode over a transposed linear_call
-    (`jax.jvp(jax.grad(f))`, a Hessian-vector product) gives them one. There the map is differentiated as
-    the plain function it is (its tangent needs no custom transpose: forward mode is not transposed)."""
+    (`jax.jvp(jax.grad(f))`, a Hessian-vector product) gives them one. For jaxform's own linear_calls (revolve:
+    the callee is a true linear map, its transpose the exact one) the map is then differentiated as the plain
+    function it is, w.r.t. the operands that have a tangent (forward mode is not transposed). A user's
+    linear_call keeps JAX's rule: its transpose may not be the callee's, and JAX refusing is the answer."""
     def rule(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
         n = num_callee_consts + num_res
-        if all(type(t).__name__ == "Zero" for t in tangents[:n]):
+        if all(type(t).__name__ == "Zero" for t in tangents[:n]) or not _is_jaxform_linear_call(callee):
             return jax_rule(primals, tangents, callee=callee, transpose_thunk=transpose_thunk,
                             num_callee_consts=num_callee_consts, num_res=num_res)
-        tangents = [jax.numpy.zeros(t.aval.shape, t.aval.dtype) if type(t).__name__ == "Zero" else t
-                    for t in tangents]
-        f = lambda *a: _core.eval_jaxpr(callee.jaxpr, callee.consts, *a)   # noqa: E731
-        out, t_out = jax.jvp(f, tuple(primals), tuple(tangents))
+        nz = [type(t).__name__ != "Zero" for t in tangents]
+
+        def of_nonzero(*d):
+            it = iter(d)
+            return _core.eval_jaxpr(callee.jaxpr, callee.consts, *[next(it) if z else p for p, z in zip(primals, nz)])
+        out, t_out = jax.jvp(of_nonzero, tuple(p for p, z in zip(primals, nz) if z),
+                             tuple(t for t, z in zip(tangents, nz) if z))
         return list(out), list(t_out)
     rule.jaxform = True
     return rule

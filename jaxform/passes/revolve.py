@@ -103,27 +103,35 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
         return plain(consts, carry, xs)
 
     def run_jvp(primals, tangents):
-        flat_t, t_tree = jax.tree_util.tree_flatten(tangents)
-        flat_p = jax.tree_util.tree_leaves(primals)
+        flat_t = jax.tree_util.tree_leaves(tangents)
+        flat_p, p_tree = jax.tree_util.tree_flatten(primals)
         which = [not _is_symbolic_zero(t) for t in flat_t]
+        weak = [_jax.get_aval(p).weak_type for p, w in zip(flat_p, which) if w]
         n_k, n_c = (len(jax.tree_util.tree_leaves(primals[i])) for i in (0, 1))
         wanted_xs = which[n_k + n_c:]
 
-        def tangent(res, lin):   # the plain scan's JVP: linear in `lin`
-            it = iter(lin)
-            full = [next(it) if w else jnp.zeros_like(p) for p, w in zip(flat_p, which)]
-            return jax.jvp(plain, res, jax.tree_util.tree_unflatten(t_tree, full))[1]
+        def _jaxform_revolve_tangent(res, lin):
+            # the plain scan's JVP, linear in `lin`, taken w.r.t. the differentiated inputs only: a zero tangent
+            # made an array would meet an infinite partial derivative (0 * inf = NaN where JAX gives a number)
+            flat_res = jax.tree_util.tree_leaves(res)
 
-        def transpose(res, ct):  # its transpose: the binomial schedule, recomputing from the inputs
+            def of_differentiated(*d):
+                it = iter(d)
+                return plain(*jax.tree_util.tree_unflatten(p_tree, [next(it) if w else p
+                                                                    for p, w in zip(flat_res, which)]))
+            return jax.jvp(of_differentiated, tuple(p for p, w in zip(flat_res, which) if w), tuple(lin))[1]
+
+        def _jaxform_revolve_transpose(res, ct):   # the binomial schedule, recomputing from the inputs
             ct_k, ct_c, ct_xs = reverse(*res, wanted_xs, ct)
             flat_ct = jax.tree_util.tree_leaves((ct_k, ct_c)) + [c for c in jax.tree_util.tree_leaves(ct_xs)]
             it = iter(flat_ct[n_k + n_c:])
             flat_ct = flat_ct[:n_k + n_c] + [next(it) if w else None for w in wanted_xs]
-            return [c for c, w in zip(flat_ct, which) if w]
+            # a cotangent has its primal's weak type, as plain JAX's does
+            return [_jax.with_weak_type(c, wk) for c, wk in zip((c for c, w in zip(flat_ct, which) if w), weak)]
 
         out = plain(*primals)
         lin = [t for t, w in zip(flat_t, which) if w]
-        return out, linear_call(tangent, transpose, primals, lin)
+        return out, linear_call(_jaxform_revolve_tangent, _jaxform_revolve_transpose, primals, lin)
 
     run.defjvp(run_jvp, symbolic_zeros=True)
     return run(consts, carry, xs)
