@@ -522,6 +522,11 @@ def _is_jaxform_linear_call(callee) -> bool:
     return name.startswith(JAXFORM_LINEAR_CALLS)
 
 
+def _nonzero(t) -> bool:
+    """A tangent that is not JAX's symbolic zero (`ad.Zero`)."""
+    return type(t).__name__ != "Zero"
+
+
 def _linear_call_jvp(jax_rule):
     """JAX's rule asserts that the residuals have no tangent; forward mode over a transposed linear_call
     (`jax.jvp(jax.grad(f))`, a Hessian-vector product) gives them one. For jaxform's own linear_calls (revolve:
@@ -530,10 +535,10 @@ def _linear_call_jvp(jax_rule):
     linear_call keeps JAX's rule: its transpose may not be the callee's, and JAX refusing is the answer."""
     def rule(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
         n = num_callee_consts + num_res
-        if all(type(t).__name__ == "Zero" for t in tangents[:n]) or not _is_jaxform_linear_call(callee):
+        if not any(map(_nonzero, tangents[:n])) or not _is_jaxform_linear_call(callee):
             return jax_rule(primals, tangents, callee=callee, transpose_thunk=transpose_thunk,
                             num_callee_consts=num_callee_consts, num_res=num_res)
-        nz = [type(t).__name__ != "Zero" for t in tangents]
+        nz = list(map(_nonzero, tangents))
 
         def of_nonzero(*d):
             it = iter(d)

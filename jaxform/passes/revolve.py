@@ -38,7 +38,7 @@ SAVE, LOAD, ADVANCE, REVERSE = range(4)
 
 def _instantiate(ct, like):
     """A symbolic-zero cotangent (symbolic_zeros=True) as an array of zeros."""
-    return jnp.zeros(like.shape, like.dtype) if type(ct).__name__ == "SymbolicZero" else ct
+    return jnp.zeros(like.shape, like.dtype) if _is_symbolic_zero(ct) else ct
 
 
 def beta(c: int, r: int) -> int:

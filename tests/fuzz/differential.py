@@ -229,6 +229,18 @@ def _jax_disagrees_with_itself(eager_original, want, got, tol) -> bool:
 NARROW = ("jnp.float16", "jnp.bfloat16")
 
 
+def _every_leaf(want, got, exact, ok) -> bool:
+    """ok(plain, transformed, reference) holds at every element of every output leaf (as float64 arrays)."""
+    for w, g, e in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, exact))):
+        w, g, e = (np.asarray(x, np.float64) for x in (w, g, e))
+        if w.shape != g.shape or g.shape != e.shape:
+            return False
+        with np.errstate(invalid="ignore", over="ignore"):
+            if not ok(w, g, e).all():
+                return False
+    return True
+
+
 def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
     """A program that computes in float16/bfloat16 has no single right answer to a tolerance: JAX accumulates a
     loop constant's cotangent in its own narrow dtype, so 3000 float16 steps of 1.0 saturate at 2048 in plain
@@ -247,14 +259,9 @@ def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
         closed = jax.make_jaxpr(wide.fn)(*jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(prog.args()),
                                                                       leaves))
         exact = probe([closed], leaves, vmap=prog.vmap, **diff)[0]
-        for w, g, e in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, exact))):
-            w, g, e = (np.asarray(x, np.float64) for x in (w, g, e))
-            if w.shape != g.shape or g.shape != e.shape:
-                return False
-            with np.errstate(invalid="ignore"):
-                ok = (np.abs(g - e) <= np.abs(w - e) + tol[1] + tol[0] * np.abs(e)) | (np.isnan(g) & np.isnan(w))
-            if not ok.all():
-                return False
+        if not _every_leaf(want, got, exact, lambda w, g, e: (np.abs(g - e) <= np.abs(w - e) + tol[1] +
+                                                              tol[0] * np.abs(e)) | (np.isnan(g) & np.isnan(w))):
+            return False
     except Exception:  # noqa: BLE001 - no widened oracle: the mismatch stands
         return False
     STATS["oracle:transformed_more_accurate_than_jax"] += 1
@@ -277,15 +284,11 @@ def _subnormal_flush_explains(prog, leaves, want, got, tol, diff) -> bool:
             closed = jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
                 jax.tree_util.tree_structure(prog.args()), wide))
             exact = probe([closed], wide, vmap=prog.vmap, **diff)[0]
-        for w, g, e in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, exact))):
-            w, g, e = (np.asarray(x, np.float64) for x in (w, g, e))
-            if w.shape != g.shape or g.shape != e.shape:
-                return False
-            with np.errstate(invalid="ignore", over="ignore"):
-                e = e.astype(np.float32).astype(np.float64)   # the exact value as float32 can hold it
-                ok = np.isclose(g, w, tol[0], tol[1], equal_nan=True) | np.isclose(g, e, tol[0], tol[1], equal_nan=True)
-            if not ok.all():
-                return False
+        def plain_or_exact(w, g, e):
+            e = e.astype(np.float32).astype(np.float64)   # the exact value as float32 can hold it
+            return np.isclose(g, w, tol[0], tol[1], equal_nan=True) | np.isclose(g, e, tol[0], tol[1], equal_nan=True)
+        if not _every_leaf(want, got, exact, plain_or_exact):
+            return False
     except Exception:  # noqa: BLE001 - no float64 reference: the mismatch stands
         return False
     STATS["oracle:subnormal_flushed_by_xla"] += 1
