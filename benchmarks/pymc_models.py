@@ -6,7 +6,9 @@ Per model, both paths start from the same PyMC logp graph (built once, not timed
              `jpm.get_jaxified_graph` / `jpm.jaxify()` build for samplers); min of 3
   first ms   conversion + jit(value_and_grad) trace, compile and first call, from scratch: the time a sampler
              waits before its first gradient; min of 2
-  steady us  one value-and-grad call of the compiled executable on device arrays, interleaved min of 11 rounds
+  steady us  one value-and-grad call of the compiled executable on device arrays, interleaved min of 31 rounds (order
+             reversed every other round); A/A: the PyTensor executable timed a second time in the same rounds, the
+             spread two identical programs show here
              (XLA:CPU single-threaded for both, see below)
   HLO        instructions (and fusions) of XLA's optimized value-and-grad module
 Ratios are jaxform / PyTensor (below 1: jaxform is faster). `multilevel_set_data+set` is the same model after
@@ -58,6 +60,9 @@ def _vg(f, n):
     return jax.jit(jax.value_and_grad(f, argnums=tuple(range(n))))
 
 
+ROUNDS = 31
+
+
 def _min(fn, k):
     best = float("inf")
     for _ in range(k):
@@ -87,22 +92,27 @@ def measure(model, args):
         comp = _vg(conv(model, logp), n).lower(*args).compile()
         out[label + "_exe"] = comp
         out[label + "_hlo"] = _hlo_size(comp)
-    exes = [out["pt_exe"], out["jf_exe"]]
+    # the same PyTensor executable timed twice as its own control ("A/A"): the spread two identical programs
+    # show on this machine, next to which the jaxform/PyTensor ratio is read
+    exes = [out["pt_exe"], out["jf_exe"], out["pt_exe"]]
     dev = [jax.device_put(a) for a in args]
     for e in exes:
         jax.block_until_ready(e(*dev))
     t0 = time.perf_counter()
     jax.block_until_ready(exes[0](*dev))
     per = max(time.perf_counter() - t0, 1e-6)
-    reps = int(min(max(0.04 / per, 5), 2000))
-    best = [float("inf"), float("inf")]
-    for _ in range(11):
-        for i, e in enumerate(exes):
+    reps = int(min(max(0.02 / per, 5), 2000))
+    best = [float("inf")] * 3
+    for k in range(ROUNDS):
+        for i in (range(3) if k % 2 == 0 else reversed(range(3))):   # ABC CBA: no program always runs first
+            e = exes[i]
             t = time.perf_counter()
             for _ in range(reps):
                 r = e(*dev)
             jax.block_until_ready(r)
             best[i] = min(best[i], (time.perf_counter() - t) / reps)
+    out["aa"] = max(best[0], best[2]) / min(best[0], best[2])
+    best = [min(best[0], best[2]), best[1]]
     out["pt_steady"], out["jf_steady"] = best
     v_pt, v_jf = exes[0](*dev)[0], exes[1](*dev)[0]
     assert np.allclose(v_pt, v_jf, rtol=1e-9, atol=1e-9), (float(v_pt), float(v_jf))
@@ -113,15 +123,15 @@ def row(name, r):
     rc, rf, rs = r["jf_conv"] / r["pt_conv"], r["jf_first"] / r["pt_first"], r["jf_steady"] / r["pt_steady"]
     print(f"{name:28s} {r['pt_conv']*1e3:7.0f} {r['jf_conv']*1e3:7.0f} {rc:5.2f}x | {r['pt_first']*1e3:7.0f} "
           f"{r['jf_first']*1e3:7.0f} {rf:5.2f}x | {r['pt_steady']*1e6:9.1f} {r['jf_steady']*1e6:9.1f} {rs:5.2f}x | "
-          f"{r['pt_hlo'][0]:5d}/{r['pt_hlo'][1]:<3d} {r['jf_hlo'][0]:5d}/{r['jf_hlo'][1]:<3d}", flush=True)
-    return rc, rf, rs
+          f"{r['pt_hlo'][0]:5d}/{r['pt_hlo'][1]:<3d} {r['jf_hlo'][0]:5d}/{r['jf_hlo'][1]:<3d} | {r['aa']:5.2f}x", flush=True)
+    return rc, rf, rs, r["aa"], r["pt_hlo"] == r["jf_hlo"]
 
 
 def main(names):
     print(f"jax {jax.__version__}, pymc {pm.__version__}, pytensor {__import__('pytensor').__version__}, "
           f"{jax.devices()[0].platform}, float64")
     print(f"{'model':28s} {'conv ms PT':>10s} {'jf':>4s}  ratio | {'first ms PT':>11s} {'jf':>4s}  ratio | "
-          f"{'steady us PT':>12s} {'jf':>6s}  ratio | HLO instr/fusions PT  jf")
+          f"{'steady us PT':>12s} {'jf':>6s}  ratio | HLO instr/fusions PT  jf | A/A")
     ratios = []
     for name in names:
         model = ALL[name]()
@@ -136,8 +146,11 @@ def main(names):
     r = np.array(ratios)
     print(f"{'median (' + str(len(r)) + ' rows)':28s} {'':15s} {np.median(r[:, 0]):5.2f}x | {'':15s} "
           f"{np.median(r[:, 1]):5.2f}x | {'':19s} {np.median(r[:, 2]):5.2f}x")
-    print(f"steady state slower than 1.05x: {sum(r[:, 2] > 1.05)} of {len(r)}; first gradient faster: "
-          f"{sum(r[:, 1] < 1)} of {len(r)}")
+    slow = r[:, 2] > 1.05
+    beyond = slow & (r[:, 2] > r[:, 3])          # slower than the row's own A/A spread
+    print(f"steady state slower than 1.05x: {sum(slow)} of {len(r)} ({sum(slow & (r[:, 4] == 1))} with HLO of the "
+          f"same size; {sum(beyond)} also beyond their A/A spread); first gradient faster: {sum(r[:, 1] < 1)} of "
+          f"{len(r)}; A/A spread median {np.median(r[:, 3]):.2f}x, max {r[:, 3].max():.2f}x")
 
 
 if __name__ == "__main__":

@@ -154,6 +154,22 @@ class ScanLoop:
         self.body.set_outputs([v for i, v in enumerate(self.body.outputs) if i not in drop])
         self.node.set_outputs([v for i, v in enumerate(self.node.outputs) if i not in drop])
 
+    def remove_carry(self, j: int) -> None:
+        """Drop carry j (by position among the carries): its final value must be unread outside and its
+        body input unread inside but by its own next value (which is dropped with it)."""
+        c, k = self.num_consts, self.num_carry
+        if self.node.outputs[j].uses:
+            raise ValueError(f"jaxform: carry {j} of the scan is still read; replace its uses before removing it")
+        inner = self.body.inputs[c + j]
+        self.body.set_outputs([v for i, v in enumerate(self.body.outputs) if i != j])
+        if inner.uses:
+            raise ValueError(f"jaxform: carry {j} is still read inside the body")
+        self.body.inputs[c + j:c + j + 1] = []
+        self.node.set_inputs([v for i, v in enumerate(self.node.inputs) if i != c + j])
+        self.node.set_outputs([v for i, v in enumerate(self.node.outputs) if i != j])
+        self.params["num_carry"] = k - 1
+        self._carries = [x for x in self._carries if x.inner is not inner]
+
     def _carry_index(self, carry: Carry) -> int:
         return self.body.inputs.index(carry.inner) - self.num_consts
 

@@ -53,6 +53,7 @@ from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
 from .remat_loops import remat_loops  # noqa: E402
 from .residual_stacks import thin_residuals  # noqa: E402
+from .stream_rows import stream_rows  # noqa: E402
 from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
 
 # Loops over refs (JAX 0.12's Scan3 under jax_scan3) read as scans; `run_passes` puts it first by itself.
@@ -61,12 +62,13 @@ register("scans_from_ref_loops", exact=True)(scans_from_ref_loops)
 from .while_grad import while_grad  # noqa: E402
 from .remat_program import remat_program  # noqa: E402
 
-# Order: hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
+# Order: stream_rows reads a loop's buffer rows as the discharged for_loop wrote them (before hoisting moves
+# their index arithmetic); hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
 # fusion pulls the loss into the body before fission batches its carry-free work out of the loop
 # (the other way round fission would stack cos(xs) and leave fusion nothing); thin_residuals runs once
 # the loops' bodies are final (it reads which rows a reverse loop already reads); remat_loops
 # (optimize's memory=) plans the loops last, once they hold what they will hold.
-DEFAULT = ["inline", "cse", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
+DEFAULT = ["inline", "cse", "stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
            "thin_residuals", "dce"]
 
 

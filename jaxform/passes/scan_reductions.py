@@ -69,6 +69,7 @@ from ..ir.steps import Steps, predicate, selects
 from ..ir.separability import (ELEMENTWISE, NotSeparable, drop_invariant_axis, effect_free, emit_step,
                                keep_varying, like_varying, operand_axes, out_axes, varying, why_not)
 from . import register
+from .concat_parts import split_concat_reductions
 from .dce import shrink_unused
 
 # reduction over the scan axis -> (the binary op that accumulates it, its identity for a dtype)
@@ -100,6 +101,7 @@ def fuse_scan_reductions(graph: Graph, defer: bool | None = None) -> Graph:
     """Move step-by-step consumers of scan `ys` into the body; reductions over steps become carries."""
     if defer is None:
         defer = DEFER.get(jax.default_backend(), False)
+    split_concat_reductions(graph)      # sum(concat([h0[None], ys])) -> ... + sum(ys): a ys fusion can reach
     for node in list(graph.nodes):
         if node.dead:
             continue

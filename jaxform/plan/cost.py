@@ -51,6 +51,7 @@ TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "log
 HEAVY = {"sin": 90, "cos": 90, "tan": 120, "pow": 240, "atan2": 120, "lgamma": 120, "digamma": 120,
          "log": 25, "log1p": 25, "erf_inv": 60}
 LOOPS = frozenset({"scan", "while"})
+IN_PLACE = frozenset({"dynamic_slice", "dynamic_update_slice"})
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,15 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
         flops = 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
     elif n.name in TRANSCENDENTAL:
         flops = max(m.transcendental, HEAVY.get(n.name, 0) if m.name == "cpu" else 0) * out
+    elif n.name in IN_PLACE:
+        flops = _size(n.inputs[1]) if n.name == "dynamic_update_slice" else out
     else:
         flops = out
+    if in_loop and n.name in IN_PLACE:
+        # a loop step reads or writes one slice of a carried buffer in place (XLA aliases the carry):
+        # what moves is the slice, not the buffer (a for_loop's `r[i + 1] += r[i]` on 100k rows)
+        moved = 2.0 * _bytes(n.inputs[1] if n.name == "dynamic_update_slice" else n.outputs[0])
+        return max(m.in_loop * flops / m.flops, moved / m.cache_bandwidth)
     moved = sum(_bytes(o) for o in n.outputs if _materialized(o, m))
     moved += sum(_bytes(v) for v in {v.id: v for v in n.inputs}.values()
                  if n.name not in FUSIBLE or v.producer is None or _materialized(v, m))   # fused ones stay in registers

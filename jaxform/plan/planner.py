@@ -38,8 +38,11 @@ from .. import _jax
 from . import cost as _cost
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
-DECIDED = frozenset({"hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
+DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
                      "thin_residuals", "remat_loops"})
+# A rewrite that pays only through a later pass (streaming a buffer's rows costs a stack that only fusion
+# reduces away) is judged together with that pass; if the later pass then is not kept, it is undone.
+ENABLES = {"stream_rows": "fuse_scan_reductions"}
 TIME_SLACK = 0.02          # a proposal may be predicted this much slower (the model's resolution)
 MEMORY_SLACK = 4096        # bytes, or MEMORY_REL of the program's, whichever is more: the model's resolution
 MEMORY_REL = 0.01          # (a fused loss adds a few carries to a gradient of tens of MiB); growth beyond the
@@ -168,13 +171,27 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
         keep, why = judge(plain_cost, before, after, memory_pass=name == "remat_loops", memory=memory)
         return keep, why, before, after, ref, prop
 
+    pending: dict[str, int] = {}    # enabled pass name -> the index of the kept proposal counting on it
+
+    def undo_pending(i, name):
+        nonlocal good
+        if name in pending:          # the proposal kept for this pass's sake is undone with it
+            j = pending.pop(name)
+            skip.add(j)
+            decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, plain_cost, plain_cost,
+                                      f"undone: {name}, which it was kept for, was not"))
+            good = _replay(run, closed, pipeline[:i + 1], skip)
+
     for i, p in enumerate(pipeline):
         name = base_name(p)
         cand = run(good, [p])
         if name not in DECIDED or cand is good:
             good = cand
+            if name in DECIDED:
+                undo_pending(i, name)
             continue
         if _same(cand, good):
+            undo_pending(i, name)
             continue
         keep, why, before, after, ref, prop = judged(i, good, cand, name)
         if not keep and why.startswith("more gradient") and name != "remat_loops":
@@ -186,6 +203,11 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
             if measured is not None:
                 keep = measured[1] <= measured[0] * (1 - _tune.NOISE) or (keep and measured[1] <= measured[0])
                 why = f"measured {'faster' if keep else 'not faster'} ({why} by the model)"
+        if not keep and name in ENABLES:
+            keep, why = _with_enabled(pipeline, i, ENABLES[name], good, cand, run, cache, plain_cost, memory,
+                                      keep, why)
+            if keep:
+                pending[ENABLES[name]] = i
         if not keep and "memory" in why and won and name != "remat_loops":
             j = won[-1]      # the same proposal on the program without the last memory win
             alt = _replay(run, closed, pipeline[:i + 1], skip | {j})
@@ -204,6 +226,8 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                 won.append(i)
         else:
             skip.add(i)
+            undo_pending(i, name)
+        pending.pop(name, None)
     return Plan(_xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always)), decisions,
                 frozenset(skip))
 
@@ -253,6 +277,21 @@ def _after_memory_planning(pipeline, i, good, cand, run, cache, plain_cost, memo
     before, after = _estimate(run(good, tail), cache), _estimate(run(cand, tail), cache)
     k2, why2 = judge(plain_cost, before, after, memory_pass=False, memory=memory)
     return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
+
+
+def _with_enabled(pipeline, i, enabled, good, cand, run, cache, plain_cost, memory, keep, why):
+    """A proposal judged together with the later pass it enables (`ENABLES`), both programs run through
+    the passes up to and including that one."""
+    later = [k for k in range(i + 1, len(pipeline)) if base_name(pipeline[k]) == enabled]
+    if not later:
+        return keep, why
+    tail = pipeline[i + 1:later[0] + 1]
+    before, after = _estimate(run(good, tail), cache), _estimate(run(cand, tail), cache)
+    k2, why2 = judge(plain_cost, before, after, memory_pass=False, memory=memory)
+    if not k2 or not (_less(before.temp_bytes, after.temp_bytes) or
+                      _less(before.grad_temp_bytes, after.grad_temp_bytes) or after.seconds < before.seconds):
+        return keep, why
+    return True, f"{why2} once {enabled} has run (alone: {why})"
 
 
 def _replay(run, closed, pipeline, skip: set):
