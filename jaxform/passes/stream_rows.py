@@ -81,6 +81,10 @@ def _affine(v: Value, counter: Value, n: int) -> tuple[int, int] | None:
     if (k := _lit(v)) is not None or (v.is_literal and v.aval.dtype == np.bool_ and (k := int(v.literal)) + 1):
         return 0, k
     p = v.producer
+    if p is not None and p.name == "convert_element_type" and np.issubdtype(v.aval.dtype, np.signedinteger) and \
+            np.issubdtype(p.inputs[0].aval.dtype, np.signedinteger) and \
+            np.iinfo(v.aval.dtype).bits >= np.iinfo(p.inputs[0].aval.dtype).bits:
+        return _affine(p.inputs[0], counter, n)              # a widening (or same-width) signed convert
     if p is None or len(p.inputs) not in (2, 3) or p.name not in ("add", "sub", "lt", "select_n"):
         return None
     ins = [_affine(u, counter, n) for u in p.inputs]
@@ -111,20 +115,49 @@ def _zero(v: Value, counter: Value, n: int) -> bool:
     return _affine(v, counter, n) == (0, 0)
 
 
+SCATTERS = {"scatter": None, "scatter-add": "add"}   # `x.at[i].set(v)`, `x.at[i].add(v)`: the row's new value
+
+
 def _row_access(n: Node, buf: Value, counter: Value, size: int) -> int | None:
-    """Offset k if `n` reads (`dynamic_slice`) or writes (`dynamic_update_slice`, as the operand) one
-    whole row `counter + k` of `buf` along axis 0; else None."""
+    """Offset k if `n` reads (`dynamic_slice`) or writes (`dynamic_update_slice`, `.at[i].set/add`'s
+    scatter, with the buffer as the operand) one whole row `counter + k` of `buf` along axis 0; else None."""
     shape = buf.aval.shape
-    if n.name == "dynamic_slice" and n.inputs[0] is buf and tuple(n.params["slice_sizes"]) == (1, *shape[1:]):
+    if n.inputs[0] is not buf or any(v is buf for v in n.inputs[1:]):
+        return None
+    if n.name == "dynamic_slice" and tuple(n.params["slice_sizes"]) == (1, *shape[1:]):
         idx = n.inputs[1:]
-    elif n.name == "dynamic_update_slice" and n.inputs[0] is buf and n.inputs[1] is not buf and \
-            n.inputs[1].aval.shape == (1, *shape[1:]):
+    elif n.name == "dynamic_update_slice" and n.inputs[1].aval.shape == (1, *shape[1:]):
         idx = n.inputs[2:]
+    elif n.name in SCATTERS and _one_row_scatter(n, shape):
+        p = n.inputs[1].producer
+        idx = [p.inputs[0]] + [Graph.literal(0, np.int32)] * (len(shape) - 1)
     else:
         return None
     if len(idx) != len(shape) or not all(_zero(i, counter, size) for i in idx[1:]):
         return None
     return _offset(idx[0], counter, size)
+
+
+def _one_row_scatter(n: Node, shape) -> bool:
+    """A scatter of one row at a scalar index along axis 0 (what `x.at[i]` with a traced scalar i builds)."""
+    dn, ind, upd = n.params["dimension_numbers"], n.inputs[1], n.inputs[2]
+    p = ind.producer
+    return tuple(ind.aval.shape) == (1,) and p is not None and p.name in ("broadcast_in_dim", "reshape") and \
+        p.inputs[0].aval.shape == () and tuple(upd.aval.shape) == tuple(shape[1:]) and \
+        tuple(dn.update_window_dims) == tuple(range(len(shape) - 1)) and tuple(dn.inserted_window_dims) == (0,) and \
+        tuple(dn.scatter_dims_to_operand_dims) == (0,) and not getattr(dn, "operand_batching_dims", ()) and \
+        not n.params.get("update_consts")
+
+
+def _written(body: Graph, n: Node, old: Value, rest) -> Value:
+    """The row's value after write `n`, whose old value is `old` (shape `rest`)."""
+    if n.name == "dynamic_update_slice":
+        return body.add("reshape", [n.inputs[1]], {"new_sizes": tuple(rest), "dimensions": None, "sharding": None},
+                        source_info=n.source_info, ctx=n.ctx).outputs[0]
+    upd = n.inputs[2]
+    if SCATTERS[n.name] is None:
+        return upd
+    return body.add(SCATTERS[n.name], [old, upd], source_info=n.source_info, ctx=n.ctx).outputs[0]
 
 
 def _chain(buf: Value, counter: Value, step: set[int]):
@@ -139,7 +172,7 @@ def _chain(buf: Value, counter: Value, step: set[int]):
             if u is OUT:
                 continue
             k = _row_access(u, version, counter, size) if id(u) in step else None
-            if k is None or (u.name == "dynamic_update_slice" and nxt not in (None, u)):
+            if k is None or (u.name != "dynamic_slice" and nxt not in (None, u)):
                 return None
             offsets[id(u)] = k
             if u.name == "dynamic_slice":
@@ -203,7 +236,7 @@ def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
             body.replace_uses(r.outputs[0], reshape(body, state[buf.id][offsets[id(r)] - lo], (1, *rest)))
     for w in writes:                           # in chain order: each write's operand is known
         new = list(state[w.inputs[0].id])
-        new[offsets[id(w)] - lo] = reshape(body, w.inputs[1], rest)
+        new[offsets[id(w)] - lo] = _written(body, w, new[offsets[id(w)] - lo], rest)
         state[w.outputs[0].id] = new
         for r in reads:
             if r.inputs[0] is w.outputs[0]:

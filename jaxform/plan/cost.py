@@ -216,9 +216,11 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
         flops = out
     if in_loop and n.name in IN_PLACE:
         # a loop step reads or writes one slice of a carried buffer in place (XLA aliases the carry):
-        # what moves is the slice, not the buffer (a for_loop's `r[i + 1] += r[i]` on 100k rows)
-        moved = 2.0 * _bytes(n.inputs[1] if n.name == "dynamic_update_slice" else n.outputs[0])
-        return max(m.in_loop * flops / m.flops, moved / m.cache_bandwidth)
+        # what moves is the slice, not the buffer (a for_loop's `r[i + 1] += r[i]` on 100k rows); a write
+        # costs what a stacked result's row costs (XLA writes a scan's ys with this same update)
+        if n.name == "dynamic_update_slice":
+            return _bytes(n.inputs[1]) / m.stack_bandwidth
+        return max(m.in_loop * flops / m.flops, 2.0 * _bytes(n.outputs[0]) / m.cache_bandwidth)
     moved = sum(_bytes(o) for o in n.outputs if _materialized(o, m))
     moved += sum(_bytes(v) for v in {v.id: v for v in n.inputs}.values()
                  if n.name not in FUSIBLE or v.producer is None or _materialized(v, m))   # fused ones stay in registers
