@@ -319,6 +319,28 @@ def test_for_loop_hoisting_changes_the_program():
             jaxform.optimize(fn, passes=["dce"]))(*args))
 
 
+def scan_prefix_sums(x):                           # prefix_sums by hand: rows streamed through a lax.scan
+    c, ys = jax.lax.scan(lambda c, xi: (c + xi, c), x[0], x[1:])
+    return jnp.sum(jnp.concatenate([ys, c[None]]) ** 2)
+
+
+def test_for_loop_prefix_sums_streams_as_the_hand_written_scan():
+    """The seed's cumsum: stream_rows carries one row instead of the buffer and fusion reduces the rest,
+    so forward and gradient temp memory equal the optimized hand-written scan's, flag on and off; plain
+    JAX's gradient of the in-place loop builds a zero-padded [N] cotangent per step."""
+    x = jnp.arange(2000.0) / 2000
+    for on in (False, True):
+        for view in (lambda f: f, jax.grad):
+            got = _temp(lambda f: view(jaxform.optimize(f)), prefix_sums, (x,), on)
+            want = _temp(lambda f: view(jaxform.optimize(f)), scan_prefix_sums, (x,), on)
+            assert got <= want * 1.01 + 256, (on, got, want)
+        assert _temp(lambda f: jax.grad(jaxform.optimize(f)), prefix_sums, (x,), on) < \
+            _temp(jax.grad, prefix_sums, (x,), False)
+        want = jax.grad(prefix_sums)(x)            # JAX 0.12 cannot differentiate a Scan3: plain JAX, flag off
+        with flags(on):
+            np.testing.assert_allclose(jax.grad(jaxform.optimize(prefix_sums))(x), want, rtol=1e-5)
+
+
 def test_for_loop_scan_fuses_as_lax_scan_does():
     """jaxform.scan's RNN + MSE: the forward temp memory optimize leaves equals lax.scan's, flag on and off."""
     fn, args, _ = FOR_LOOPS["for_loop_rnn_mse"]
