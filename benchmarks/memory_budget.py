@@ -11,7 +11,9 @@ difference of the loss and updated parameters from the plain step's.
 (c) jax.grad through a data-dependent while loop (`max_steps`): gradient temp memory and time at three
 trip counts and three bounds, against plain JAX's gradient of the same loop as a scan of its actual
 length (which needs the trip count known in advance).
-Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while]
+(d) a small ResNet (6 residual blocks of two 3x3 convolutions, 32 channels, GroupNorm, 32x32x3 images, batch
+32) as (a)/(b), and the largest batch whose gradient fits 1 GiB of XLA temp memory, plain and optimized.
+Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while] [--resnet]
 """
 import sys
 import time
@@ -103,6 +105,69 @@ def lm_setup():
             return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
         return loss
     return params, tokens, {k: loss_of(k) for k in ("plain", "hand", "dots")}
+
+
+# ---- (d) a small ResNet (convolutions) -------------------------------------------------------
+
+class ResBlock(nn.Module):
+    ch: int
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Conv(self.ch, (3, 3))(jax.nn.relu(nn.GroupNorm(num_groups=8)(x)))
+        h = nn.Conv(self.ch, (3, 3))(jax.nn.relu(nn.GroupNorm(num_groups=8)(h)))
+        return x + h
+
+
+class ResNet(nn.Module):
+    ch: int = 32
+    blocks: int = 6
+    policy: str = "plain"
+
+    @nn.compact
+    def __call__(self, x):
+        blk = {"plain": ResBlock, "hand": nn.remat(ResBlock), "dots": nn.remat(ResBlock, policy=DOTS)}[self.policy]
+        x = nn.Conv(self.ch, (3, 3))(x)
+        for i in range(self.blocks):
+            x = blk(self.ch, name=f"block_{i}")(x)
+        return nn.Dense(10)(jnp.mean(x, axis=(1, 2)))
+
+
+def resnet_setup(batch=32):
+    r = np.random.RandomState(0)
+    images = jnp.asarray(r.randn(batch, 32, 32, 3), np.float32)
+    labels = jnp.asarray(r.randint(0, 10, (batch,)), np.int32)
+    params = ResNet().init(jax.random.PRNGKey(0), images[:1])
+
+    def loss_of(policy):
+        model = ResNet(policy=policy)
+
+        def loss(params, batch):
+            x, y = batch
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y).mean()
+        return loss
+    return params, (images, labels), {k: loss_of(k) for k in ("plain", "hand", "dots")}
+
+
+def largest_batch(setup, limit=2 ** 30):
+    """The largest batch whose gradient fits `limit` bytes of XLA temp memory, plain and with
+    `optimize(memory=limit)`: doubling, then bisection, compiling only (nothing runs)."""
+    def fits(batch, opt):
+        params, data, losses = setup(batch)
+        loss = jaxform.optimize(losses["plain"], memory=limit) if opt else losses["plain"]
+        with __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore")
+            return temp(jax.jit(jax.value_and_grad(loss)), params, data) <= limit
+    out = []
+    for opt in (False, True):
+        lo, hi = 0, 16
+        while fits(hi, opt):
+            lo, hi = hi, hi * 2
+        while hi - lo > max(1, lo // 16):          # to within 1/16
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid, opt) else (lo, mid)
+        out.append(lo)
+    return out
 
 
 # ---- the train step ------------------------------------------------------------------------
@@ -203,7 +268,14 @@ def run_while():
 
 if __name__ == "__main__":
     print(f"jax {jax.__version__}, {jax.default_backend()}")
+    if "--resnet" in sys.argv:
+        run("d", resnet_setup)
+        plain, ours = largest_batch(resnet_setup)
+        print(f"(d) largest ResNet batch whose gradient fits 1 GiB of XLA temp: plain {plain}, "
+              f"optimize(memory=1 GiB) {ours} ({ours / max(plain, 1):.2f}x)")
+        sys.exit()
     if "--while" not in sys.argv:
         run("a", mlp_setup)
         run("b", lm_setup)
+        run("d", resnet_setup)
     run_while()

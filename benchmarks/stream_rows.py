@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 
 import jaxform
+from jaxform.inspect.program import min_time
 
 
 def prefix_sums(x):                               # the seed's cumsum (seed 000), then a loss
@@ -50,16 +51,7 @@ def rows_rnn_hand(w, xs):
 
 
 def timed(fns, args, reps):
-    jitted = [jax.jit(f) for f in fns]
-    for j in jitted:
-        jax.block_until_ready(j(*args))
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for k, j in enumerate(jitted):
-            t = time.perf_counter()
-            jax.block_until_ready(j(*args))
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
+    return min_time([jax.jit(f) for f in fns], args, reps)
 
 
 def temp(f, args):

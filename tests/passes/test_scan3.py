@@ -272,19 +272,8 @@ def test_a_user_ref_carried_by_the_loop_is_read_as_a_carry():
 # Scan3 too, read back the same way. Each program: the same optimized program with the flag on as
 # off, and the optimization the equivalent `lax.scan` gets.
 
-def prefix_sums(x):                                # the seed's cumsum, in place
-    def body(i, r):
-        r[i + 1] += r[i]
-    return jnp.sum(jaxform.for_loop(x.shape[0] - 1, body, x) ** 2)
-
-
-def in_place_rows(w, xs):                          # fill a matrix row by row, W @ W.T in the body
-    def body(i, refs):
-        h, out = refs
-        h[...] = jnp.tanh((w @ w.T) @ h[...] + xs[i])
-        out[i] = h[...]
-    _, out = jaxform.for_loop(xs.shape[0], body, (jnp.zeros(xs.shape[1]), jnp.zeros_like(xs)))
-    return jnp.sum(out ** 2)
+from test_stream_rows import in_place_rows, prefix_sums, scan_prefix_sums  # noqa: E402  (the seed's cumsum,
+# in place; a matrix filled row by row with W @ W.T in the body; prefix_sums by hand as a lax.scan)
 
 
 def for_loop_rnn_mse(w, xs, targets):              # jaxform.scan (a for_loop) in the README program
@@ -317,11 +306,6 @@ def test_for_loop_hoisting_changes_the_program():
     with flags(True):
         assert _text(_program(PIPELINES[pipeline], fn, args, True)) != _text(jax.make_jaxpr(
             jaxform.optimize(fn, passes=["dce"]))(*args))
-
-
-def scan_prefix_sums(x):                           # prefix_sums by hand: rows streamed through a lax.scan
-    c, ys = jax.lax.scan(lambda c, xi: (c + xi, c), x[0], x[1:])
-    return jnp.sum(jnp.concatenate([ys, c[None]]) ** 2)
 
 
 def test_for_loop_prefix_sums_streams_as_the_hand_written_scan():
