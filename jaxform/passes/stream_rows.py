@@ -73,9 +73,10 @@ def _lit(v: Value):
     return int(v.literal) if v.is_literal and np.issubdtype(np.asarray(v.literal).dtype, np.integer) else None
 
 
-def _affine(v: Value, counter: Value, n: int) -> tuple[int, int] | None:
+def _affine(v: Value, counter: Value, n: int, bound: int) -> tuple[int, int] | None:
     """(c, k) with c in {0, 1} such that v == c * counter + k at every step, else None. Sees through
-    JAX's wrap of a negative index, `select_n(x < 0, x, x + n)`: the caller proves every row in [0, n)."""
+    JAX's wrap of a negative index, `select_n(x < 0, x, x + n)`: the caller proves every row in [0, n).
+    Arithmetic on the counter must run in a signed dtype holding +-`bound` (nothing wraps)."""
     if v is counter:
         return 1, 0
     if (k := _lit(v)) is not None or (v.is_literal and v.aval.dtype == np.bool_ and (k := int(v.literal)) + 1):
@@ -84,10 +85,10 @@ def _affine(v: Value, counter: Value, n: int) -> tuple[int, int] | None:
     if p is not None and p.name == "convert_element_type" and np.issubdtype(v.aval.dtype, np.signedinteger) and \
             np.issubdtype(p.inputs[0].aval.dtype, np.signedinteger) and \
             np.iinfo(v.aval.dtype).bits >= np.iinfo(p.inputs[0].aval.dtype).bits:
-        return _affine(p.inputs[0], counter, n)              # a widening (or same-width) signed convert
+        return _affine(p.inputs[0], counter, n, bound)       # a widening (or same-width) signed convert
     if p is None or len(p.inputs) not in (2, 3) or p.name not in ("add", "sub", "lt", "select_n"):
         return None
-    ins = [_affine(u, counter, n) for u in p.inputs]
+    ins = [_affine(u, counter, n, bound) for u in p.inputs]
     if p.name == "select_n":
         if ins[0] is not None and ins[0][0] == 0:
             return ins[2] if ins[0][1] else ins[1]           # a constant predicate picks one case
@@ -99,26 +100,29 @@ def _affine(v: Value, counter: Value, n: int) -> tuple[int, int] | None:
     if None in ins:
         return None
     (ca, ka), (cb, kb) = ins
+    if (ca or cb) and not _holds(v if p.name != "lt" else p.inputs[0], bound):
+        return None
     if p.name == "lt":
         return (0, int(ka < kb)) if ca == cb == 0 else None
     c, k = (ca + cb, ka + kb) if p.name == "add" else (ca - cb, ka - kb)
     return (c, k) if c in (0, 1) else None
 
 
-def _offset(v: Value, counter: Value, n: int) -> int | None:
+def _offset(v: Value, counter: Value, n: int, bound: int) -> int | None:
     """k such that v == counter + k at every step, else None."""
-    a = _affine(v, counter, n)
+    a = _affine(v, counter, n, bound)
     return a[1] if a is not None and a[0] == 1 else None
 
 
-def _zero(v: Value, counter: Value, n: int) -> bool:
-    return _affine(v, counter, n) == (0, 0)
+def _zero(v: Value, counter: Value, n: int, bound: int) -> bool:
+    return _affine(v, counter, n, bound) == (0, 0)
 
 
+MAX_OFFSET = 1024          # a window of rows, not a second buffer
 SCATTERS = {"scatter": None, "scatter-add": "add"}   # `x.at[i].set(v)`, `x.at[i].add(v)`: the row's new value
 
 
-def _row_access(n: Node, buf: Value, counter: Value, size: int) -> int | None:
+def _row_access(n: Node, buf: Value, counter: Value, size: int, bound: int) -> int | None:
     """Offset k if `n` reads (`dynamic_slice`) or writes (`dynamic_update_slice`, `.at[i].set/add`'s
     scatter, with the buffer as the operand) one whole row `counter + k` of `buf` along axis 0; else None."""
     shape = buf.aval.shape
@@ -133,9 +137,10 @@ def _row_access(n: Node, buf: Value, counter: Value, size: int) -> int | None:
         idx = [p.inputs[0]] + [Graph.literal(0, np.int32)] * (len(shape) - 1)
     else:
         return None
-    if len(idx) != len(shape) or not all(_zero(i, counter, size) for i in idx[1:]):
+    if len(idx) != len(shape) or not all(_zero(i, counter, size, bound) for i in idx[1:]):
         return None
-    return _offset(idx[0], counter, size)
+    k = _offset(idx[0], counter, size, bound)
+    return k if k is not None and abs(k) <= MAX_OFFSET else None
 
 
 def _one_row_scatter(n: Node, shape) -> bool:
@@ -160,7 +165,12 @@ def _written(body: Graph, n: Node, old: Value, rest) -> Value:
     return body.add(SCATTERS[n.name], [old, upd], source_info=n.source_info, ctx=n.ctx).outputs[0]
 
 
-def _chain(buf: Value, counter: Value, step: set[int]):
+def _holds(v: Value, bound: int) -> bool:
+    """Is `v` a signed integer whose dtype holds +-bound (index arithmetic in it cannot wrap)?"""
+    return np.issubdtype(v.aval.dtype, np.signedinteger) and np.iinfo(v.aval.dtype).max >= bound
+
+
+def _chain(buf: Value, counter: Value, step: set[int], bound: int):
     """(reads, writes, offsets, last version) if `buf` is only read and written row-wise at `counter + k`
     by the step's own nodes (`step`: not from inside a cond or call), its writes one chain of versions;
     else None."""
@@ -171,7 +181,7 @@ def _chain(buf: Value, counter: Value, step: set[int]):
         for u, _ in version.uses:
             if u is OUT:
                 continue
-            k = _row_access(u, version, counter, size) if id(u) in step else None
+            k = _row_access(u, version, counter, size, bound) if id(u) in step else None
             if k is None or (u.name != "dynamic_slice" and nxt not in (None, u)):
                 return None
             offsets[id(u)] = k
@@ -193,8 +203,12 @@ def _anatomy(loop: ScanLoop, j: int):
     if buf.aval.ndim < 1 or loop.reverse or loop.length == 0 or loop.body_carry_out[j] is buf:
         return None
     size = buf.aval.shape[0]
+    # every index value is within +-bound: the counter's range plus the rows plus the offsets
+    bound = max((abs(s) for _, s in _counters(loop)), default=0) + loop.length + 2 * size + MAX_OFFSET
     for counter, start in _counters(loop):
-        found = _chain(buf, counter, {id(n) for n in loop.body.nodes})
+        if not _holds(counter, bound):
+            continue                           # a narrow counter could wrap around before the last step
+        found = _chain(buf, counter, {id(n) for n in loop.body.nodes}, bound)
         if found is None:
             continue
         reads, writes, offsets, last = found
@@ -252,8 +266,13 @@ def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
     out = parts[0] if len(parts) == 1 else graph.add("concatenate", parts, {"dimension": 0}, **info).outputs[0]
     graph.replace_uses(loop.carry_out[j], out)
     body.set_output(j, buf)                    # carried unchanged, then dropped with its old chain
-    for n in reversed(reads + writes):
-        if not any(o.uses for o in n.outputs):
+    old = reads + writes
+    while old:                                 # a read of a written version goes before that write
+        dead = [n for n in old if not any(o.uses for o in n.outputs)]
+        if not dead:
+            raise AssertionError("stream_rows: a replaced buffer access is still read")
+        for n in dead:
             body.remove(n)
+        old = [n for n in old if n not in dead]
     loop.remove_carry(j)
     return True

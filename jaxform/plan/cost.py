@@ -135,13 +135,30 @@ def _transcendental_chain(v: Value, depth: int = 8) -> bool:
     return p.name in TRANSCENDENTAL or any(_transcendental_chain(u, depth - 1) for u in p.inputs)
 
 
+UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
+
+
+def _updated_in_place(body: Graph, i: int, j: int) -> bool:
+    """Is carry j (body input i) a buffer the step only updates (a chain of dynamic_update_slice / scatter
+    on it)? XLA then updates the loop's one copy in place instead of double-buffering it (measured: a
+    for_loop's 100k-row buffer costs one copy, 390.8 KiB)."""
+    v, inner = body.outputs[j], body.inputs[i]
+    while v is not inner:
+        p = v.producer
+        if p is None or p.name not in UPDATES or not v.aval.ndim:
+            return False
+        v = p.inputs[0]
+    return body.outputs[j] is not inner
+
+
 def node_temp(n: Node, m: Machine) -> float:
     """Bytes a node needs while it runs, besides its operands and results."""
     if n.name == "scan":
         body = n.regions["body"]
         nc, nk = n.params["num_consts"], n.params["num_carry"]
-        carry = sum(_bytes(v) for v in n.inputs[nc:nc + nk])
-        return 2 * carry + temp_bytes(body, m)
+        carry = sum(_bytes(v) * (1 if _updated_in_place(body, nc + j, j) else 2)
+                    for j, v in enumerate(n.inputs[nc:nc + nk]))
+        return carry + temp_bytes(body, m)
     if n.name == "while":
         carry = sum(_bytes(v) for v in n.outputs)
         return 2 * carry + max((temp_bytes(g, m) for g in n.subgraphs()), default=0.0)

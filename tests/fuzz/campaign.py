@@ -52,6 +52,8 @@ def run(examples: int, s: int, budget: float = float("inf"), out: str | None = N
         try:
             check(prog, api=API or None, collect=got)
         except Exception as e:  # noqa: BLE001 - JAX itself rejects the program: a generator bug, counted
+            if type(e).__name__ == "UnsatisfiedAssumption":
+                raise               # the check rejected the program (JAX cannot transform the original)
             errors.append(f"{type(e).__name__}: {str(e)[:300]}\n{prog}")
             got = []
         if got:

@@ -229,16 +229,25 @@ def _jax_disagrees_with_itself(eager_original, want, got, tol) -> bool:
 NARROW = ("jnp.float16", "jnp.bfloat16")
 
 
-def _every_leaf(want, got, exact, ok) -> bool:
-    """ok(plain, transformed, reference) holds at every element of every output leaf (as float64 arrays)."""
-    for w, g, e in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, exact))):
-        w, g, e = (np.asarray(x, np.float64) for x in (w, g, e))
-        if w.shape != g.shape or g.shape != e.shape:
+def _every_leaf(want, got, *refs, fn) -> bool:
+    """fn(plain, transformed, *references) holds at every element of every output leaf (as float64 arrays)."""
+    for w, g, *rs in zip(*(jax.tree_util.tree_leaves(t) for t in (want, got, *refs))):
+        w, g, *rs = (np.asarray(x, np.float64) for x in (w, g, *rs))
+        if any(x.shape != w.shape for x in (g, *rs)):
             return False
         with np.errstate(invalid="ignore", over="ignore"):
-            if not ok(w, g, e).all():
+            if not fn(w, g, *rs).all():
                 return False
     return True
+
+
+def _flush_subnormals(x):
+    """x with its subnormal floats replaced by zero of the same sign (what a flushing kernel reads)."""
+    a = np.asarray(x)
+    if not np.issubdtype(a.dtype, np.floating):
+        return x
+    tiny = np.finfo(a.dtype).tiny
+    return jnp.asarray(np.where((a != 0) & (np.abs(a) < tiny), np.copysign(np.zeros_like(a), a), a), a.dtype)
 
 
 def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
@@ -259,7 +268,7 @@ def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
         closed = jax.make_jaxpr(wide.fn)(*jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(prog.args()),
                                                                       leaves))
         exact = probe([closed], leaves, vmap=prog.vmap, **diff)[0]
-        if not _every_leaf(want, got, exact, lambda w, g, e: (np.abs(g - e) <= np.abs(w - e) + tol[1] +
+        if not _every_leaf(want, got, exact, fn=lambda w, g, e: (np.abs(g - e) <= np.abs(w - e) + tol[1] +
                                                               tol[0] * np.abs(e)) | (np.isnan(g) & np.isnan(w))):
             return False
     except Exception:  # noqa: BLE001 - no widened oracle: the mismatch stands
@@ -273,8 +282,12 @@ def _subnormal_flush_explains(prog, leaves, want, got, tol, diff) -> bool:
     (fission batches `sqrt(x)` out of the loop) the same subnormal input gives plain JAX's flushed value (the
     derivative of sqrt at 1e-40 read as at 0: inf) in one place and the IEEE value (4.4e19) in the other.
     For a program with a subnormal input a mismatch is judged element by element: each value of the transformed
-    program must be plain JAX's or the exact one (the program in float64, where 1e-40 is a normal number).
-    Anything else (a NaN that neither gives, a finite value off both) still fails."""
+    program must be plain JAX's, the exact one (the program in float64, where 1e-40 is a normal number), or plain
+    JAX's on the inputs with subnormals flushed to (signed) zero, or at least as close to the exact value as plain
+    JAX's: which kernel flushes a subnormal, and how accurate XLA:CPU's vector `log` is on one, depends on where
+    the op runs (campaign of 2026-11-26, fission: log|1e-40| is -inf in the loop's kernel, -104.05 batched before
+    it; exact -92.1). Anything else (a NaN that plain JAX does not give, a value further off than plain JAX's)
+    still fails."""
     if not any(f == "special:subnormal" for f in prog.features) or prog.x64:
         return False
     try:
@@ -284,10 +297,15 @@ def _subnormal_flush_explains(prog, leaves, want, got, tol, diff) -> bool:
             closed = jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
                 jax.tree_util.tree_structure(prog.args()), wide))
             exact = probe([closed], wide, vmap=prog.vmap, **diff)[0]
-        def plain_or_exact(w, g, e):
+        flushed_in = [_flush_subnormals(x) for x in leaves]
+        flushed = probe([jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(prog.args()), flushed_in))], flushed_in, vmap=prog.vmap, **diff)[0]
+        near = lambda g, r: np.isclose(g, r, tol[0], tol[1], equal_nan=True)  # noqa: E731
+        def plain_exact_or_flushed(w, g, e, z):
             e = e.astype(np.float32).astype(np.float64)   # the exact value as float32 can hold it
-            return np.isclose(g, w, tol[0], tol[1], equal_nan=True) | np.isclose(g, e, tol[0], tol[1], equal_nan=True)
-        if not _every_leaf(want, got, exact, plain_or_exact):
+            closer = np.abs(g - e) <= np.abs(w - e) + tol[1] + tol[0] * np.abs(e)   # no worse than plain JAX
+            return near(g, w) | near(g, e) | near(g, z) | closer
+        if not _every_leaf(want, got, exact, flushed, fn=plain_exact_or_flushed):
             return False
     except Exception:  # noqa: BLE001 - no float64 reference: the mismatch stands
         return False

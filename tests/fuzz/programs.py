@@ -937,6 +937,8 @@ def edge_program(kind: str, L: int, variant: int = 0, special: str = "", pos: in
     specials, weak = (), ()
     if kind == "special":
         term, red = EDGE_TERMS[variant % len(EDGE_TERMS)], EDGE_REDS[(variant // len(EDGE_TERMS)) % len(EDGE_REDS)]
+        if L == 0 and red == "jnp.max(ys)":
+            red = "jnp.max(ys, initial=-jnp.inf)"   # max of nothing is an error in JAX itself
         wide = variant % 2 == 1
         shapes = ((L, 3) if wide else (L,), (3,) if wide else ())
         src = f"""def f(x0, w0):

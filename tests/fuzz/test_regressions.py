@@ -108,3 +108,30 @@ def test_subnormal_flushed_by_xla_is_judged_per_element():
     nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), want)
     assert not D._subnormal_flush_explains(prog, leaves, want, nan, D._tol(prog), diff)
     assert D._subnormal_flush_explains(prog, leaves, want, want, D._tol(prog), diff)
+
+
+def test_subnormal_flushed_by_a_batched_kernel_matches_flushed_inputs():
+    """Found by the edge campaign of 2026-11-26 (seed 2622): log(|x|) at x = 1e-40 under vmap is -inf in plain
+    JAX's loop (the kernel flushed the subnormal) and -104.05 after fission batches it before the loop (XLA:CPU's
+    vector log, inaccurate on a subnormal; exact -92.1). Each value must be plain JAX's, the float64 one, plain
+    JAX's on flushed inputs, or no further from the float64 one than plain JAX's; a NaN or a worse value fails."""
+    import jax.numpy as jnp
+    from fuzz import differential as D
+    src = ("def f(x0, w0):\n    def body(c, x):\n        t = jnp.log(jnp.abs(x))\n        return c + t, t\n"
+           "    c, ys = lax.scan(body, 0.0, x0)\n    return {'out': jnp.sum(ys), 'aux': (c,)}\n")
+    prog = Program(src, ((2,), ()), special=((0, 0, "subnormal"),), features=frozenset({"special:subnormal", "edge"}))
+    errors: list = []
+    check(prog, names={"fission": D.pipelines()["fission"]}, collect=errors)
+    assert not errors, errors
+    leaves = jax.tree_util.tree_leaves(prog.args())
+    closed = jax.make_jaxpr(prog.fn)(*prog.args())
+    diff = dict(reverse=False, forward=True)
+    (want,) = D.probe([closed], leaves, **diff)
+    flushed = [D._flush_subnormals(x) for x in leaves]
+    (got,) = D.probe([jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(prog.args()), flushed))], flushed, **diff)
+    assert D._subnormal_flush_explains(prog, leaves, want, got, D._tol(prog), diff)
+    nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), want)
+    assert not D._subnormal_flush_explains(prog, leaves, want, nan, D._tol(prog), diff)
+    far = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e30), want)      # further off than plain JAX's
+    assert not D._subnormal_flush_explains(prog, leaves, want, far, D._tol(prog), diff)
