@@ -228,8 +228,11 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
             skip.add(i)
             undo_pending(i, name)
         pending.pop(name, None)
-    return Plan(_xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always)), decisions,
-                frozenset(skip))
+    chosen = _xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always))
+    if decisions and decisions[-1].pass_name == "planner" and not decisions[-1].kept:
+        # XLA's check dropped every loop rewrite: the program is the undecided passes' (explain replays this)
+        skip |= {k for k, p in enumerate(pipeline) if base_name(p) in DECIDED}
+    return Plan(chosen, decisions, frozenset(skip))
 
 
 XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable

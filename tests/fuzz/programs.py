@@ -900,6 +900,13 @@ def programs(draw, max_stmts: int = 6) -> Program:
 
 # ---- issue 26: edge programs (special values, mixed precision, integer bodies, lengths 0/1, weak scalars) ----
 
+# issue 29's in-place row sweeps: (first i, the step's statement on buffer r); rows up to i + 2 exist
+ROW_SWEEPS = [(0, "r = r.at[i + 1].add(r[i])"),
+              (1, "r = r.at[i].set(jnp.tanh(r[i - 1] * w0 + r[i]))"),
+              (0, "r = r.at[i + 2].set(0.5 * r[i] + jnp.sin(r[i + 1]) * w0)"),
+              (0, "r = r.at[i + 1].set(r[i + 1] + r[i]); r = r.at[i].set(r[i + 1] * w0)"),
+              (1, "r = lax.dynamic_update_slice_in_dim(r, lax.dynamic_slice_in_dim(r, i - 1, 1) * w0 + 1.0, i, 0)")]
+ROW_REDS = ["jnp.sum(r ** 2)", "jnp.max(r)", "jnp.sum(jnp.log1p(jnp.abs(r)))", "r"]
 EDGE_LENGTHS = [0, 1, 2, 65, 130]   # 65 > fuse_scan_reductions.COMPENSATE_AFTER: compensated sums
 EDGE_TERMS = ["jnp.log(jnp.abs(x))", "x * w0", "jnp.exp(x * 40.0)", "x * 1e30", "jnp.sqrt(x)", "x / (x - x)"]
 EDGE_REDS = ["jnp.sum(ys)", "jnp.mean(ys)", "jnp.max(ys)", "jnp.sum(ys * ys)", "jnp.sum(ys[1:])", "ys[-1:].sum()"]
@@ -987,6 +994,20 @@ def edge_program(kind: str, L: int, variant: int = 0, special: str = "", pos: in
 """
         weak = () if grad else (1, 2)   # s a Python float, w a weakly typed array (issue 26, finding 6)
         feats |= {"weak_type", "weak_type:python_scalar", "bfloat16"}
+    elif kind == "rows":   # issue 29: an in-place row sweep over a buffer (stream_rows' target)
+        lo, stmt = ROW_SWEEPS[variant % len(ROW_SWEEPS)]
+        red = ROW_REDS[(variant // len(ROW_SWEEPS)) % len(ROW_REDS)]
+        wide = variant % 2 == 1
+        n = L + lo + 2                                  # rows; the sweep touches rows up to i + 2
+        shapes = ((n, 3) if wide else (n,), (3,) if wide else ())
+        src = f"""def f(x0, w0):
+    def body(i, r):
+        {stmt}
+        return r
+    r = lax.fori_loop({lo}, {lo} + {L}, body, x0)
+    return {{'out': {red}, 'aux': (r[0] * 1.0,)}}
+"""
+        feats |= {f"rows:{stmt}", f"reduce:{red}"}
     else:   # a carry large next to revolve's schedule table (16 bytes a step), so a 1-byte budget picks revolve
         shapes = ((16, 16), (L, 4, 16))
         src = """def f(w0, x0):
@@ -1020,24 +1041,27 @@ def edge_catalog() -> list[Program]:
     out += [edge_program("weak_scalar", 4, api=True), edge_program("weak_scalar", 1)]
     out += [edge_program("rnn", 65, api=True), edge_program("rnn", 0, grad="value_and_grad"),
             edge_program("rnn", 1, grad="grad", special="nan", pos=2)]
+    out += [edge_program("rows", [65, 2, 70, 1, 0][k], variant=k + 5 * (k % 4), special=["", "inf", "", "nan",
+                                                                                     ""][k], pos=k,
+                         grad="grad" if k == 2 else "") for k in range(len(ROW_SWEEPS))]
     return out
 
 
 @st.composite
 def edge_programs(draw) -> Program:
     """A random issue 26 program (see edge_program), for campaigns."""
-    kind = ["special", "mixed", "int_body", "weak_scalar", "rnn"][draw(st.integers(0, 4))]
+    kind = ["special", "mixed", "int_body", "weak_scalar", "rnn", "rows"][draw(st.integers(0, 5))]
     L = EDGE_LENGTHS[draw(st.integers(0, len(EDGE_LENGTHS) - 1))]
     variant = draw(st.integers(0, 99))
     special, pos, fill = "", 0, False
-    if kind in ("special", "rnn") and (kind == "special" or draw(st.integers(0, 2)) == 0):
+    if kind in ("special", "rnn", "rows") and (kind == "special" or draw(st.integers(0, 2)) == 0):
         special = list(SPECIAL)[draw(st.integers(0, len(SPECIAL) - 1))]
         pos = draw(st.integers(0, 1000))
     if kind == "mixed" and list(MIXED)[variant % len(MIXED)].startswith(("f16", "bf16", "int8")):
         L = [0, 1, 3, 300, 3000][draw(st.integers(0, 4))]
         fill = draw(st.booleans())
     grad = ""
-    if kind in ("special", "rnn", "weak_scalar") and draw(st.integers(0, 2)) == 0:
+    if kind in ("special", "rnn", "weak_scalar", "rows") and draw(st.integers(0, 2)) == 0:
         grad = ["grad", "value_and_grad"][draw(st.integers(0, 1))]
     api = kind in ("rnn", "weak_scalar") or draw(st.integers(0, 3)) == 0
     return edge_program(kind, L, variant, special, pos, grad, api, fill)
