@@ -221,6 +221,15 @@ def _anatomy(loop: ScanLoop, j: int):
     return None
 
 
+def _typed_like(g: Graph, v: Value, like: Value, info) -> Value:
+    """v with `like`'s weak type: the loop may type its buffer strongly where the initial one is weak
+    (JAX 0.12: `jnp.full((6,), 0.5)` carried is float32, not ~float32), and promotion downstream reads it."""
+    if v.aval.weak_type == like.aval.weak_type:
+        return v
+    return g.add("convert_element_type", [v], {"new_dtype": like.aval.dtype, "weak_type": like.aval.weak_type,
+                                                "sharding": None}, **info).outputs[0]
+
+
 def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
     found = _anatomy(loop, j)
     if found is None:
@@ -232,9 +241,10 @@ def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
     size, rest = buf0.aval.shape[0], buf0.aval.shape[1:]
     info = dict(source_info=node.source_info, ctx=node.ctx)
 
-    def rows(v: Value, a: int, b: int) -> Value:                # v[a:b] along axis 0, outside the loop
-        return graph.add("slice", [v], {"start_indices": (a, *[0] * len(rest)), "limit_indices": (b, *rest),
-                                        "strides": None}, **info).outputs[0]
+    def rows(v: Value, a: int, b: int, like: Value = buf) -> Value:   # v[a:b] along axis 0, outside the loop,
+        out = graph.add("slice", [v], {"start_indices": (a, *[0] * len(rest)), "limit_indices": (b, *rest),
+                                       "strides": None}, **info).outputs[0]
+        return _typed_like(graph, out, like, info)                    # typed as `like` (the loop's buffer)
 
     def reshape(g: Graph, v: Value, shape) -> Value:           # [1, ...] <-> [...]: a bitcast
         return g.add("reshape", [v], {"new_sizes": tuple(shape), "dimensions": None, "sharding": None},
@@ -264,7 +274,7 @@ def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
         [rows(buf0, start + length + hi, size)]
     parts = [p for p in parts if p.aval.shape[0]]
     out = parts[0] if len(parts) == 1 else graph.add("concatenate", parts, {"dimension": 0}, **info).outputs[0]
-    graph.replace_uses(loop.carry_out[j], out)
+    graph.replace_uses(loop.carry_out[j], _typed_like(graph, out, loop.carry_out[j], info))
     body.set_output(j, buf)                    # carried unchanged, then dropped with its old chain
     old = reads + writes
     while old:                                 # a read of a written version goes before that write

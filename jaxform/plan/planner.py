@@ -228,23 +228,38 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
             skip.add(i)
             undo_pending(i, name)
         pending.pop(name, None)
-    chosen = _xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always))
+    # A streamed buffer is checked by XLA whatever the program's size: the model's account of a buffer
+    # updated in place vs streamed rows is the coarsest it has (a whole-buffer copy either way).
+    streamed = [k for k, p in enumerate(pipeline) if base_name(p) == "stream_rows" and k not in skip and
+                any(d.kept and base_name_of(d) == "stream_rows" for d in decisions)]
+    chosen = _xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always), force=bool(streamed))
     if decisions and decisions[-1].pass_name == "planner" and not decisions[-1].kept:
+        if streamed:     # the same plan without streaming, before giving up every loop rewrite
+            rest = [p for k, p in enumerate(pipeline) if k not in streamed]
+            alt = plan(closed, rest, memory=memory, strict=strict, where=where, tune=tune, example_args=example_args)
+            index = [k for k in range(len(pipeline)) if k not in streamed]
+            return Plan(alt.closed, decisions + [Decision("stream_rows", False, plain_cost, plain_cost,
+                                                          "undone: XLA measured more memory with it")] +
+                        alt.decisions, frozenset({index[k] for k in alt.skipped} | set(streamed)))
         # XLA's check dropped every loop rewrite: the program is the undecided passes' (explain replays this)
         skip |= {k for k, p in enumerate(pipeline) if base_name(p) in DECIDED}
     return Plan(chosen, decisions, frozenset(skip))
 
 
+def base_name_of(d: "Decision") -> str:
+    return d.pass_name.split("(")[0]
+
+
 XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable
 
 
-def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided):
+def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided, force: bool = False):
     """The last word on a small program: XLA's `memory_analysis()` of the chosen program (forward and
     gradient) against the traced one's. On a few-KiB program the model's resolution is coarser than what
     a hoisted 64-byte value costs (dynamax's two-filter smoother: 808 -> 872 B, +8%). Bigger programs are left to the model (one
     compile costs seconds there); any failure to compile here leaves the choice as it was. The tolerance
     is the model's, MEMORY_REL (1%): a fused loss adds a few carries (0.04%) to a 500 MiB gradient."""
-    if chosen is closed or not decisions or len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS or \
+    if chosen is closed or not decisions or (len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS and not force) or \
             any(isinstance(c, _jax.Tracer) for c in closed.consts):
         return chosen
     try:
