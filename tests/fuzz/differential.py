@@ -277,6 +277,36 @@ def _transformed_is_more_accurate(prog, leaves, want, got, tol, diff) -> bool:
     return True
 
 
+def _float64(prog, leaves, diff):
+    """The program's outputs computed in float64 (its float inputs widened; x64 on), as probe gives them."""
+    with jax.enable_x64(True):
+        wide = [jnp.asarray(np.asarray(x), jnp.float64) if np.issubdtype(np.asarray(x).dtype, np.floating)
+                else x for x in leaves]
+        closed = jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(prog.args()), wide))
+        return probe([closed], wide, vmap=prog.vmap, **diff)[0]
+
+
+def _rounding_explains(prog, leaves, want, got, tol, diff) -> bool:
+    """An ill-conditioned float32 program (a recurrence that grows: r[i+2] = r[i]/2 + sin(r[i+1]) w over 130
+    steps) amplifies rounding past the fixed tolerance in plain JAX itself: plain JAX is then 1e-5 off the
+    exact value, and a transformed program that adds the same cotangents in another order another 3e-5
+    (campaign of 2026-11-26, stream_rows). Such a mismatch passes where every element of the transformed
+    program is within twice plain JAX's own error of the exact (float64) value, plus the tolerance; a value
+    off by more, or a NaN plain JAX does not give, still fails."""
+    if prog.x64 or not any(np.issubdtype(np.asarray(x).dtype, np.floating) for x in leaves):
+        return False
+    try:
+        exact = _float64(prog, leaves, diff)
+        if not _every_leaf(want, got, exact, fn=lambda w, g, e: np.isclose(g, w, tol[0], tol[1], equal_nan=True) |
+                           (np.abs(g - e) <= 2 * np.abs(w - e) + tol[1] + tol[0] * np.abs(e))):
+            return False
+    except Exception:  # noqa: BLE001 - no float64 reference: the mismatch stands
+        return False
+    STATS["oracle:float32_rounding"] += 1
+    return True
+
+
 def _subnormal_flush_explains(prog, leaves, want, got, tol, diff) -> bool:
     """XLA:CPU flushes subnormals to zero in some fused kernels and not in others, so where a pass moves work
     (fission batches `sqrt(x)` out of the loop) the same subnormal input gives plain JAX's flushed value (the
@@ -393,6 +423,28 @@ def _types_and_values(want, got, kind, who, what, tol):
     _close(want, got, kind, who, what, tol)
 
 
+def _api_rounding_explains(prog, args, want, got, of, tol) -> bool:
+    """`_rounding_explains` for an API check: `of(args)` computed in float64 is the exact value; dtypes and
+    weak types must still match plain JAX's."""
+    if prog.x64:
+        return False
+    try:
+        if [(np.asarray(w).dtype, getattr(w, "weak_type", None)) for w in jax.tree_util.tree_leaves(want)] != \
+                [(np.asarray(g).dtype, getattr(g, "weak_type", None)) for g in jax.tree_util.tree_leaves(got)]:
+            return False
+        with jax.enable_x64(True):
+            wide = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x), jnp.float64)
+                                          if np.issubdtype(np.asarray(x).dtype, np.floating) else x, args)
+            exact = of(wide)
+        ok = _every_leaf(want, got, exact, fn=lambda w, g, e: np.isclose(g, w, tol[0], tol[1], equal_nan=True) |
+                         (np.abs(g - e) <= 2 * np.abs(w - e) + tol[1] + tol[0] * np.abs(e)))
+    except Exception:  # noqa: BLE001 - no float64 reference: the mismatch stands
+        return False
+    if ok:
+        STATS["oracle:float32_rounding"] += 1
+    return ok
+
+
 def check_api_repeated(prog, args, tol, fail):
     """One optimized function called again and again as a user does (issue 26 findings 3, 4, 6): gradients with
     alternating argnums, the same function on x and on stop_gradient(x) in one loss, and forward mode, for
@@ -419,9 +471,13 @@ def check_api_repeated(prog, args, tol, fail):
             STATS["api_schedule:revolve_applied"] += 1
         try:   # the first and last argument alternately (a cache hit of the rules traced for the other)
             for argnums in ((n - 1,), (0,), (n - 1,)) if sched != "min" else ():
-                _types_and_values(want(argnums, lambda: grad(loss(fn), argnums)(*args)),
-                                  grad(loss(opt), argnums)(*args),
-                                  "api_grad", who, f"grad argnums={argnums}", tol)
+                w_g, g_g = want(argnums, lambda: grad(loss(fn), argnums)(*args)), grad(loss(opt), argnums)(*args)
+                try:
+                    _types_and_values(w_g, g_g, "api_grad", who, f"grad argnums={argnums}", tol)
+                except Mismatch:
+                    if not _api_rounding_explains(prog, args, w_g, g_g, lambda a: jax.grad(loss(fn), argnums)(*a),
+                                                  tol):
+                        raise
             if sched == "revolve":
                 _types_and_values(grad(both(fn), tuple(range(n)))(*args), grad(both(opt), tuple(range(n)))(*args),
                                   "api_grad", who, "grad of f(x) + 2 f(stop_gradient(x))", tol)
@@ -548,6 +604,7 @@ def _check(prog, names, api, collect):
             except Mismatch as e:
                 if not _jax_disagrees_with_itself(eager_original, want, g, tol) and \
                         not _transformed_is_more_accurate(prog, leaves, want, g, tol, diff) and \
+                        not _rounding_explains(prog, leaves, want, g, tol, diff) and \
                         not _subnormal_flush_explains(prog, leaves, want, g, tol, diff):
                     fail(e)
         if prog.effects:

@@ -135,3 +135,25 @@ def test_subnormal_flushed_by_a_batched_kernel_matches_flushed_inputs():
     assert not D._subnormal_flush_explains(prog, leaves, want, nan, D._tol(prog), diff)
     far = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e30), want)      # further off than plain JAX's
     assert not D._subnormal_flush_explains(prog, leaves, want, far, D._tol(prog), diff)
+
+
+def test_float32_rounding_of_an_ill_conditioned_sweep_is_judged_against_float64():
+    """Found by the edge campaign of 2026-11-26 (seed 2632): a row sweep r[i+2] = r[i]/2 + sin(r[i+1]) w over
+    130 steps grows, and its derivative w.r.t. w is 1e-5 off float64 in plain JAX itself; stream_rows adds the
+    same cotangents in another order (3.4e-5 off plain JAX). The oracle: within twice plain JAX's own error of
+    the float64 value; a value further off fails."""
+    import jax.numpy as jnp
+    from fuzz import differential as D
+    src = ("def f(x0, w0):\n    def body(i, r):\n        r = r.at[i + 2].set(0.5 * r[i] + jnp.sin(r[i + 1]) * w0)\n"
+           "        return r\n    r = lax.fori_loop(0, 0 + 130, body, x0)\n    return {'out': r, 'aux': (r[0] * 1.0,)}\n")
+    prog = Program(src, ((132, 3), (3,)), special=((0, 5, "-0.0"),), features=frozenset({"edge", "edge:rows"}))
+    errors: list = []
+    check(prog, names={"stream_rows": ["stream_rows"], "DEFAULT": D.pipelines()["DEFAULT"]}, collect=errors)
+    assert not errors, errors
+    leaves = jax.tree_util.tree_leaves(prog.args())
+    closed = jax.make_jaxpr(prog.fn)(*prog.args())
+    diff = dict(reverse=prog.reverse_diff, forward=prog.forward_diff)
+    (want,) = D.probe([closed], leaves, vmap=prog.vmap, **diff)
+    far = jax.tree_util.tree_map(lambda x: x * 1.01 + 0.01, want)
+    assert not D._rounding_explains(prog, leaves, want, far, D._tol(prog), diff)
+    assert D._rounding_explains(prog, leaves, want, want, D._tol(prog), diff)
