@@ -324,14 +324,18 @@ def test_counters_and_lengths(name):
     _check(COUNTERS[name], X8, default=False)
 
 
+def _two_buffers(x):
+    """Two buffers swept together, each row from both."""
+    def body(i, refs):
+        a, b = refs
+        ai, bi = a[i], b[i]
+        a[i + 1] = ai + bi
+        b[i + 1] = bi * ai
+    return jaxform.for_loop(x.shape[0] - 1, body, (x, x * 0.5))
+
+
 def test_two_buffers_and_one_buffer_passed_twice():
-    def two(x):
-        def body(i, refs):
-            a, b = refs
-            ai, bi = a[i], b[i]
-            a[i + 1] = ai + bi
-            b[i + 1] = bi * ai
-        return jaxform.for_loop(x.shape[0] - 1, body, (x, x * 0.5))
+    two = _two_buffers
 
     def cross(x):
         def body(i, c):
@@ -582,12 +586,7 @@ def test_scan3_loops_stream_like_scans():
     """Under jax_scan3 a for_loop is a Scan3 over a ref: read as a scan, streamed; eager values equal plain
     JAX under the flag; gradients equal plain JAX without it (JAX 0.12 cannot differentiate a Scan3)."""
     def two(x):
-        def body(i, refs):
-            a, b = refs
-            ai, bi = a[i], b[i]
-            a[i + 1] = ai + bi
-            b[i + 1] = bi * ai
-        a, b = jaxform.for_loop(x.shape[0] - 1, body, (x, x * 0.5))
+        a, b = _two_buffers(x)
         return a + b
 
     def tanh_rows(m):

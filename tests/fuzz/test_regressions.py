@@ -87,6 +87,18 @@ def test_long_float16_cotangent_oracle_is_accuracy_not_plain_jax():
     assert not D._transformed_is_more_accurate(prog, leaves, got, want, tol, diff)   # the worse one fails
 
 
+def _passes_fission_and_plain(prog):
+    """Check `prog` under fission (no mismatch) and return (leaves, plain JAX's probe, the derivatives asked)."""
+    from fuzz import differential as D
+    errors: list = []
+    check(prog, names={"fission": D.pipelines()["fission"]}, collect=errors)
+    assert not errors, errors
+    leaves = jax.tree_util.tree_leaves(prog.args())
+    diff = dict(reverse=False, forward=True)
+    (want,) = D.probe([jax.make_jaxpr(prog.fn)(*prog.args())], leaves, **diff)
+    return leaves, want, diff
+
+
 def test_subnormal_flushed_by_xla_is_judged_per_element():
     """Found by the edge campaign of 2026-11-25 (seed 2612): the gradient of sum(sqrt(x)^2) at x = 1e-40 is
     inf in plain JAX (XLA:CPU flushed the subnormal in the loop's kernel) and 4.4e19 after fission (sqrt(xs)
@@ -98,13 +110,7 @@ def test_subnormal_flushed_by_xla_is_judged_per_element():
            "    c, ys = lax.scan(body, 0.0, x0)\n    return {'out': jnp.sum(ys * ys), 'aux': (c,)}\n")
     prog = Program(src, ((1,), ()), grad="grad", special=((0, 0, "subnormal"),),
                    features=frozenset({"special:subnormal", "edge", "grad_program"}))
-    errors: list = []
-    check(prog, names={"fission": D.pipelines()["fission"]}, collect=errors)
-    assert not errors, errors
-    leaves = jax.tree_util.tree_leaves(prog.args())
-    closed = jax.make_jaxpr(prog.fn)(*prog.args())
-    diff = dict(reverse=False, forward=True)
-    (want,) = D.probe([closed], leaves, **diff)
+    leaves, want, diff = _passes_fission_and_plain(prog)
     nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), want)
     assert not D._subnormal_flush_explains(prog, leaves, want, nan, D._tol(prog), diff)
     assert D._subnormal_flush_explains(prog, leaves, want, want, D._tol(prog), diff)
@@ -120,13 +126,7 @@ def test_subnormal_flushed_by_a_batched_kernel_matches_flushed_inputs():
     src = ("def f(x0, w0):\n    def body(c, x):\n        t = jnp.log(jnp.abs(x))\n        return c + t, t\n"
            "    c, ys = lax.scan(body, 0.0, x0)\n    return {'out': jnp.sum(ys), 'aux': (c,)}\n")
     prog = Program(src, ((2,), ()), special=((0, 0, "subnormal"),), features=frozenset({"special:subnormal", "edge"}))
-    errors: list = []
-    check(prog, names={"fission": D.pipelines()["fission"]}, collect=errors)
-    assert not errors, errors
-    leaves = jax.tree_util.tree_leaves(prog.args())
-    closed = jax.make_jaxpr(prog.fn)(*prog.args())
-    diff = dict(reverse=False, forward=True)
-    (want,) = D.probe([closed], leaves, **diff)
+    leaves, want, diff = _passes_fission_and_plain(prog)
     flushed = [D._flush_subnormals(x) for x in leaves]
     (got,) = D.probe([jax.make_jaxpr(prog.fn)(*jax.tree_util.tree_unflatten(
         jax.tree_util.tree_structure(prog.args()), flushed))], flushed, **diff)
