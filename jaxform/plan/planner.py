@@ -241,8 +241,6 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
             return Plan(alt.closed, decisions + [Decision("stream_rows", False, plain_cost, plain_cost,
                                                           "undone: XLA measured more memory with it")] +
                         alt.decisions, frozenset({index[k] for k in alt.skipped} | set(streamed)))
-        # XLA's check dropped every loop rewrite: the program is the undecided passes' (explain replays this)
-        skip |= {k for k, p in enumerate(pipeline) if base_name(p) in DECIDED}
     return Plan(chosen, decisions, frozenset(skip))
 
 
