@@ -241,10 +241,10 @@ def _stream(graph: Graph, loop: ScanLoop, j: int) -> bool:
     size, rest = buf0.aval.shape[0], buf0.aval.shape[1:]
     info = dict(source_info=node.source_info, ctx=node.ctx)
 
-    def rows(v: Value, a: int, b: int, like: Value = buf) -> Value:   # v[a:b] along axis 0, outside the loop,
+    def rows(v: Value, a: int, b: int) -> Value:      # v[a:b] along axis 0, outside the loop, typed as the
         out = graph.add("slice", [v], {"start_indices": (a, *[0] * len(rest)), "limit_indices": (b, *rest),
                                        "strides": None}, **info).outputs[0]
-        return _typed_like(graph, out, like, info)                    # typed as `like` (the loop's buffer)
+        return _typed_like(graph, out, buf, info)     # loop's own buffer
 
     def reshape(g: Graph, v: Value, shape) -> Value:           # [1, ...] <-> [...]: a bitcast
         return g.add("reshape", [v], {"new_sizes": tuple(shape), "dimensions": None, "sharding": None},
