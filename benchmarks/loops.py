@@ -197,7 +197,9 @@ def main():
         ref = jf(*args)
         for j in jo:
             for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(j(*args))):
-                np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+                # relative to the output's scale: a GPU's default float32 matmul rounds to TF32 (1e-3 of
+                # the operands' magnitude), differently for a batched matmul than for one per loop step
+                np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3 * max(1.0, float(np.max(np.abs(a)))))
         times = min_time([jf, *jo, jh], args, REPS)
         to, th = times[0], times[-1]
         for (vname, _), tu, j in zip(variants, times[1:-1], jo):

@@ -1,6 +1,7 @@
 """Planning: the cost model (`cost`) and the planner (`planner`) that decides, with it and the user's
 objective, which loop rewrites the default pipeline keeps; `tune` measures where the model cannot decide."""
-from .cost import Estimate, Machine, estimate, machine
+from . import cost
+from .cost import Estimate, Machine, estimate, machine, planning_for
 from .planner import Decision, Plan, plan
 
-__all__ = ["Estimate", "Machine", "estimate", "machine", "Decision", "Plan", "plan"]
+__all__ = ["Estimate", "Machine", "estimate", "machine", "planning_for", "Decision", "Plan", "plan"]

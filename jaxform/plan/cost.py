@@ -17,11 +17,13 @@ Two numbers per program, each a prediction of what XLA reports:
 
 Calibration (docs/planner.md): CPU constants from this repository's loop sweeps
 (`benchmarks/training_memory.py --sweep`, `benchmarks/loops.py`) on the 2-core CI
-machine; GPU constants are datasheet figures for an H100 and launch costs from
-public measurements, not measured here (no GPU lent to the sessions that wrote it).
+machine; GPU constants measured on an H200 by `benchmarks/calibrate.py` (kernel launches per
+loop step dominate there).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -30,11 +32,11 @@ import numpy as np
 
 from .. import _jax
 from ..ir import Graph, Node, Value
-from ..ir.separability import AXES_REDUCTIONS, ELEMENTWISE, UNARY
+from ..ir.separability import AXES_REDUCTIONS, CALL_LIKE, ELEMENTWISE, UNARY
 from ..ir.sizes import nbytes
 from ..ir.toposort import producers_first
 
-__all__ = ["Machine", "Estimate", "machine", "estimate", "temp_bytes", "seconds", "has_loops"]
+__all__ = ["Machine", "Estimate", "machine", "planning_for", "estimate", "temp_bytes", "seconds", "has_loops"]
 
 LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
                     "reduce_precision", "iota", "select_n", "clamp"})
@@ -67,6 +69,7 @@ class Machine:
     cache_bandwidth: float  # bytes/s within one loop step's working set (it stays in cache)
     stack_bandwidth: float  # bytes/s a loop step writes its row of a stacked `[L, ...]` result at
     fuses_reductions: bool  # an elementwise producer fused into its reduction (GPU input fusion)
+    kernel_roots: bool = False  # kernels counted as XLA:GPU fuses (`_fusion_kernels`), not one per node
 
 
 # CPU, measured on the 2-core CI machine (docs/planner.md): the seed's sin/cos runs 1.8x faster with its
@@ -74,13 +77,39 @@ class Machine:
 # one), and XLA:CPU materializes an elementwise result before the reduction that reads it.
 CPU = Machine("cpu", flops=4.0e10, bandwidth=8.0e9, step=1.5e-6, launch=2.0e-7, transcendental=12,
               in_loop=2.0, cache_bandwidth=6.4e10, stack_bandwidth=3.0e9, fuses_reductions=False)   # (but for chains without transcendentals)
-# GPU: datasheet rates of an H100 and public kernel-launch costs; not measured here (a guess).
-GPU = Machine("gpu", flops=4.0e13, bandwidth=2.0e12, step=8.0e-6, launch=4.0e-6, transcendental=4,
-              in_loop=4.0, cache_bandwidth=2.0e12, stack_bandwidth=1.0e12, fuses_reductions=True)
+# GPU: measured on an H200 (JAX 0.11.2; `benchmarks/calibrate.py`, `benchmarks/planner_backend.py`;
+# docs/planner.md). A loop step there is bound by kernel launches, not bytes: about 3 us of loop control
+# and 3 us per kernel the body runs. Moving a reduction into a loop body adds a kernel per step (XLA:GPU
+# does not fuse the accumulation with the producer of the carry it reads), so the fused RNN + MSE ran
+# 2x slower forward there than the stacked-then-reduced original: counting kernels as fusions is what
+# lets the planner see it.
+GPU = Machine("gpu", flops=4.0e14, bandwidth=2.0e12, step=3.0e-6, launch=3.0e-6, transcendental=4,
+              in_loop=1.0, cache_bandwidth=2.0e12, stack_bandwidth=2.0e12, fuses_reductions=True,
+              kernel_roots=True)
+_PLANNED_FOR: contextvars.ContextVar = contextvars.ContextVar("jaxform_planned_for", default=None)
+
+
+@contextlib.contextmanager
+def planning_for(backend: str):
+    """Plan with `backend`'s cost constants whatever JAX's default backend is: tests, and a program
+    traced here for another machine (`with planning_for("gpu"): optimize(f)(x)` decides as on a GPU)."""
+    token = _PLANNED_FOR.set(CPU if backend == "cpu" else GPU)
+    try:
+        yield
+    finally:
+        _PLANNED_FOR.reset(token)
+
+
+def forced_machine() -> Machine | None:
+    """The machine `planning_for` set, if any (part of `optimize`'s cache key)."""
+    return _PLANNED_FOR.get()
 
 
 def machine(backend: str | None = None) -> Machine:
-    """The cost constants of `backend` (default: JAX's default backend); TPU uses the GPU guess."""
+    """The cost constants of `backend` (default: `planning_for`'s, else JAX's default backend); TPU uses
+    the GPU's."""
+    if backend is None and _PLANNED_FOR.get() is not None:
+        return _PLANNED_FOR.get()
     return CPU if (backend or jax.default_backend()) == "cpu" else GPU
 
 
@@ -200,9 +229,37 @@ def _size(v: Value) -> int:
     return int(np.prod(getattr(v.aval, "shape", ()) or (1,)))
 
 
-def _kernels(g: Graph) -> int:
-    """Kernels one run of `g` launches: each unfused node, plus one for the fused elementwise code."""
+def _kernels(g: Graph, m: Machine, stacked_from: int | None = None) -> int:
+    """Kernels one run of `g` launches: each unfused node, plus one for the fused elementwise code
+    (`m.kernel_roots`: as XLA:GPU fuses, `_fusion_kernels`)."""
+    if m.kernel_roots:
+        return _fusion_kernels(g, stacked_from)
     return 1 + sum(1 for n in g.nodes if n.name not in FUSIBLE)
+
+
+# What XLA:GPU fuses into one loop fusion with elementwise code (slices read in place, updates written in place).
+GPU_FUSIBLE = FUSIBLE | IN_PLACE | frozenset({"slice", "pad", "concatenate", "rev", "stop_gradient"})
+
+
+def _fusion_kernels(g: Graph, stacked_from: int | None = None) -> int:
+    """Kernels of `g` as XLA:GPU fuses it: one per node that fuses with nothing (a matmul, a sort, a
+    reduction, which also absorbs the elementwise producers only it reads), one per root of fused
+    elementwise code (a value the graph returns, or one an unfused node other than a reduction reads:
+    XLA does not merge the fusion making a loop's carry with one reading it), and one copy per stacked
+    result (outputs from `stacked_from` on) that no fusion writes in place."""
+    count = 0
+    for n in g.nodes:
+        if n.name in CALL_LIKE and n.subgraphs():
+            count += sum(_fusion_kernels(s) for s in n.subgraphs())
+        elif n.name not in GPU_FUSIBLE:
+            count += 1
+        elif any(u is None or (u.name not in GPU_FUSIBLE and u.name not in AXES_REDUCTIONS)
+                 for o in n.outputs for u, _ in o.uses):
+            count += 1
+    if stacked_from is not None:
+        count += sum(1 for v in g.outputs[stacked_from:]
+                     if v.producer is None or v.producer.name not in GPU_FUSIBLE | CALL_LIKE)   # calls are inlined
+    return max(count, 1)
 
 
 def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
@@ -211,9 +268,9 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
         body = n.regions["body"]
         nk = n.params["num_carry"]
         stacked = sum(_bytes(v) for v in body.outputs[nk:]) / m.stack_bandwidth
-        return n.params["length"] * (seconds(body, m, True) + stacked + m.step + m.launch * _kernels(body))
+        return n.params["length"] * (seconds(body, m, True) + stacked + m.step + m.launch * _kernels(body, m, nk))
     if n.name == "while":
-        return sum(seconds(g, m, True) + m.step + m.launch * _kernels(g) for g in n.subgraphs())
+        return sum(seconds(g, m, True) + m.step + m.launch * _kernels(g, m) for g in n.subgraphs())
     if n.name == "cond":
         return max((seconds(g, m, in_loop) for g in n.subgraphs()), default=0.0)
     subs = list(n.subgraphs())

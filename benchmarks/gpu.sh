@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The loop benchmarks on a GPU machine, each bounded in time, each log in $OUT (or /tmp/gpu-bench).
+# Run from the repository root on a machine whose python3 has JAX with CUDA:  bash benchmarks/gpu.sh
+OUT=${OUT:-/tmp/gpu-bench}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+PY=${PY:-python3}
+run() { local name=$1 limit=$2; shift 2
+  echo "== $name ($*)"; timeout "$limit" "$PY" "$@" > "$OUT/$name.txt" 2>&1; echo "   rc $? after ${SECONDS}s"; tail -3 "$OUT/$name.txt"; }
+nvidia-smi -L; $PY -c "import jax, jaxform; print(jax.__version__, jax.devices())" || exit 1
+run calibrate 60 benchmarks/calibrate.py
+run loops 130 benchmarks/loops.py --quick
+run scan_reductions 80 benchmarks/scan_reductions.py --quick
+run stream_rows 60 benchmarks/stream_rows.py --reps 7
+run planner 90 benchmarks/planner.py --quick --no-transformer
+run memory_budget 70 benchmarks/memory_budget.py --quick
+run training_memory 50 benchmarks/training_memory.py --quick
+run licm 40 benchmarks/licm.py --quick
