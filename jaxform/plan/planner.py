@@ -18,7 +18,8 @@ keeps the proposal only if the objective holds:
   stacked states) only for a predicted speedup of `GIVE_BACK_SPEEDUP`.
 * `"auto"`, `"min"` or a byte budget: the same for every pass but the memory
   planner (`remat_loops`), which trades time for gradient memory as the user
-  asked: kept if it lowers the predicted gradient memory (a budget: or fits it).
+  asked: kept if it lowers the predicted gradient memory (a budget: or fits it);
+  `"auto"`, the default, only where the gradient is not predicted slower.
 
 Programs without loops skip all of this (nothing to decide: the passes run as
 they always did), so a 6k-equation transformer pays nothing.
@@ -90,11 +91,20 @@ def judge(plain: _cost.Estimate, before: _cost.Estimate, after: _cost.Estimate, 
             return True, "no gradient view to judge: the schedule as planned"
         if isinstance(memory, (int, float)) and not isinstance(memory, bool) and after.grad_temp_bytes <= memory:
             return True, "fits the byte budget"
+        if plain.grad_temp_bytes is not None and before.grad_temp_bytes > plain.grad_temp_bytes * (1 + MEMORY_REL) \
+                and after.grad_temp_bytes < before.grad_temp_bytes:
+            # an earlier proposal was kept counting on this pass (`_after_memory_planning`)
+            return True, "less gradient memory, back within the program as traced"
+        if memory == "auto" and after.grad_seconds is not None and before.grad_seconds is not None and \
+                after.grad_seconds > before.grad_seconds * (1 + TIME_SLACK):
+            # "auto" is the default: it saves memory where that costs no time (on a GPU, recomputing a
+            # small body costs kernels per step: a 2 KiB Kalman filter's gradient ran 1.85x slower)
+            return False, (f"predicted slower gradient ({before.grad_seconds / after.grad_seconds:.2f}x); "
+                           "memory='auto' trades no time (ask 'min' or a byte budget)")
         if after.grad_temp_bytes < before.grad_temp_bytes - MEMORY_SLACK:
             return True, "less gradient memory, as asked"
         if plain.grad_temp_bytes is not None and before.grad_temp_bytes > plain.grad_temp_bytes and \
                 after.grad_temp_bytes < before.grad_temp_bytes:
-            # an earlier proposal was kept counting on this pass (`_after_memory_planning`)
             return True, "less gradient memory, back within the program as traced"
         if memory == "min" and after.grad_temp_bytes <= before.grad_temp_bytes + MEMORY_SLACK:
             # "min" asks for the least memory whatever the time: a saving below the model's
