@@ -149,7 +149,7 @@ def resnet_setup(batch=32):
     return params, (images, labels), {k: loss_of(k) for k in ("plain", "hand", "dots")}
 
 
-def largest_batch(setup, limit=2 ** 30):
+def largest_batch(setup, limit=2 ** 30, grad_first=False):
     """The largest batch whose gradient fits `limit` bytes of XLA temp memory, plain and with
     `optimize(memory=limit)`: doubling, then bisection, compiling only (nothing runs)."""
     def fits(batch, opt):
@@ -221,6 +221,44 @@ def run(name, setup):
               f"{t / times[0]:8.2f} {e:9.2e}  {note}")
 
 
+def run_grad_first(name, setup):
+    """The other order, `optimize(jax.value_and_grad(loss), memory=budget)`: recomputation placed in the
+    already differentiated program (`passes/recompute.py`); memory is that program's own XLA temp."""
+    params, batch, losses = setup()
+    opt_state = OPT.init(params)
+    args = (params, opt_state, batch)
+    vg = jax.value_and_grad(losses["plain"])
+    base = temp(jax.jit(vg), params, batch)
+    rows = [("plain", vg, None)]
+    for frac in (0.5, 0.25):
+        budget = int(base * frac)
+        t0 = time.perf_counter()
+        with __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore")
+            f = jaxform.optimize(vg, memory=budget)
+            jax.block_until_ready(jax.jit(f)(params, batch))
+        rows.append((f"optimize(vg, memory={frac:.0%} = {budget / MiB:.2f} MiB)", f, (budget, time.perf_counter() - t0)))
+    rows.append(("jax.checkpoint per block (hand)", jax.value_and_grad(losses["hand"]), None))
+
+    def step_with(vgf):
+        def step(params, opt_state, batch):
+            value, grads = vgf(params, batch)
+            updates, opt_state = OPT.update(grads, opt_state, params)
+            return value, optax.apply_updates(params, updates), opt_state
+        return jax.jit(step)
+    steps = [step_with(r[1]) for r in rows]
+    times = min_time(steps, args, REPS)
+    ref = steps[0](*args)
+    print(f"\n({name}) optimize(jax.value_and_grad(loss), memory=...): its XLA temp (plain {base / MiB:.2f} MiB); "
+          f"train step time")
+    print(f"{'version':40s} {'vg MiB':>9s} {'of plain':>8s} {'step ms':>8s} {'x plain':>8s} {'err':>9s}  budget")
+    for (label, f, extra), s, t in zip(rows, steps, times):
+        m = temp(jax.jit(f), params, batch)
+        e = err(s(*args)[:2], ref[:2])
+        note = "" if extra is None else (f"{'fits' if m <= extra[0] else 'OVER'} (plan+compile {extra[1]:.1f} s)")
+        print(f"{label:40s} {m / MiB:9.2f} {m / base:8.0%} {t * 1e3:8.1f} {t / times[0]:8.2f} {e:9.2e}  {note}")
+
+
 # ---- (c) grad through a while loop --------------------------------------------------------
 
 def while_fixed_point(W, tol):
@@ -275,6 +313,10 @@ if __name__ == "__main__":
             plain, ours = largest_batch(setup)
             print(f"largest {name} batch whose gradient fits 1 GiB of XLA temp: plain {plain}, "
                   f"optimize(memory=1 GiB) {ours} ({ours / max(plain, 1):.2f}x)", flush=True)
+        sys.exit()
+    if "--grad-first" in sys.argv:
+        for name, setup in (("a", mlp_setup), ("b", lm_setup), ("d", resnet_setup)):
+            run_grad_first(name, setup)
         sys.exit()
     if "--while" not in sys.argv:
         run("a", mlp_setup)

@@ -56,13 +56,18 @@ POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.chec
 def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> Graph:
     """Checkpoint segments of a loop-free program to fit `memory` ("min" or bytes) under grad.
 
-    schedule=(policy, k) forces one candidate without measuring (the fuzzer's way to reach every one).
+    schedule=(policy, k) forces one candidate without measuring (the fuzzer's way to reach every one);
+    policy "recompute": `passes.recompute` (for a program that is itself a gradient).
     """
     if (memory is None or memory == "auto") and schedule is None or not _eligible(graph):
         return graph
     closed = graph.to_jaxpr()
     if schedule is not None:
         policy, k = schedule
+        if policy == "recompute":        # a gradient program's residuals recomputed in its backward
+            from .recompute import recomputed
+            out = recomputed(closed, k)
+            return graph if out is None else Graph.from_jaxpr(out)
         return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
     choice = choose(closed, memory)
     if choice is None:
@@ -211,6 +216,9 @@ def choose(closed, memory):
     the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
     model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's."""
     from ..plan import cost
+    own, stop = _recompute_choice(closed, memory)
+    if own is not None or stop:
+        return own
     plain = xla_grad_temp(closed)
     if plain is None or (not isinstance(memory, str) and plain <= memory):
         return None
@@ -237,6 +245,42 @@ def choose(closed, memory):
         + " A smaller batch, or memory='min', or jax.checkpoint by hand where XLA does not reuse "
           "buffers (docs/remat.md).", stacklevel=2)
     return least if useful else None
+
+
+def xla_temp(closed) -> int:
+    fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
+    return fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile().memory_analysis().temp_size_in_bytes
+
+
+def _recompute_choice(closed, memory):
+    """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
+    recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
+    Returns (choice or None, stop): stop where the program's own temp is over a byte budget and has
+    a backward to recompute in (its gradient, the other order's measure, can only be bigger)."""
+    from ..plan import cost
+    from .recompute import recomputed
+    progs = [(k, recomputed(closed, k)) for k in (4, 2, 8, 16)]
+    progs = [(k, p) for k, p in progs if p is not None]
+    if not progs:
+        return None, False
+    plain = xla_temp(closed)
+    if not isinstance(memory, str) and plain <= memory:
+        return None, False
+    scored = [(f"recompute, {k} segments", p, xla_temp(p), cost.estimate(p, grad=False).seconds) for k, p in progs]
+    least = min(scored, key=lambda s: (s[2], s[3]))
+    scored = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
+    fits = [s for s in scored if memory == "min" or s[2] <= memory]
+    if fits:
+        return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
+    if memory == "min":
+        return None, False       # maybe a forward program after all: its gradient's candidates are measured next
+    warnings.warn(
+        f"jaxform: remat_program cannot fit this program in memory={memory} bytes ({memory / 2 ** 20:.2f} MiB): "
+        f"plain {plain / 2 ** 20:.2f} MiB, the least recomputation in its backward reaches is "
+        f"{least[2] / 2 ** 20:.2f} MiB ({least[0]}); " + ("using that." if scored else "left as it is.") +
+        " A smaller batch, or jax.checkpoint by hand where XLA does not reuse buffers (docs/remat.md).",
+        stacklevel=3)
+    return (least if scored else None), True
 
 
 __all__ = ["remat_program", "with_memory", "choose", "candidates", "checkpointed", "boundaries"]

@@ -81,7 +81,8 @@ def memory_pipelines() -> dict:
     from jaxform.passes.remat_program import with_memory as program
     from jaxform.passes.while_grad import with_options as whiles
     # memory="auto" is what `while_grad` and `remat_loops` do alone (registered passes, run above)
-    settings = {"memory=min": ("min", ("all", 2)), "memory=0": (0, ("nothing", 3))}
+    settings = {"memory=min": ("min", ("all", 2)), "memory=0": (0, ("nothing", 3)),
+                "memory=0,recompute": (0, ("recompute", 2))}   # optimize(jax.grad(f), memory=...)
     return {k: [whiles(m, None, "a fuzz program"), loops(m), program(m, sched)] for k, (m, sched) in settings.items()}
 
 

@@ -172,3 +172,22 @@ def test_memory_pipelines_reach_while_loops_and_loop_free_nets():
     assert {"memory=min", "memory=0", "while_grad"} <= set(check(WHILE_BOUNDED))
     assert STATS["while:reverse_mode_checked"] > before["while:reverse_mode_checked"]
     assert {"memory=min", "memory=0"} <= set(check(NET))
+
+
+# A program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): the recompute schedule must
+# change it (its residuals recomputed in its backward) and keep values, gradients and jvp.
+NET_GRAD = Program('''def f(x0, w0, w1):
+    def loss(w0, w1):
+        h1 = jnp.tanh(x0 @ w0)
+        h2 = jax.nn.gelu(h1 @ w1) + h1
+        h3 = jnp.tanh(h2 @ w0)
+        h4 = jax.nn.gelu(h3 @ w1) + h3
+        h5 = jnp.tanh(h4 @ w0)
+        return jnp.sum(h5 * h5)
+    g0, g1 = jax.grad(loss, argnums=(0, 1))(w0, w1)
+    return jnp.sum(g0 * g0) + jnp.sum(g1)
+''', ((2, 3),), extra=((3, 3), (3, 3)))
+
+
+def test_recompute_schedule_reaches_gradient_programs():
+    assert "memory=0,recompute" in set(check(NET_GRAD))

@@ -1,0 +1,112 @@
+"""Recomputation inside an already differentiated program: `optimize(jax.grad(f), memory=...)`.
+
+`jax.grad(f)`'s program runs f's forward, keeping every residual its backward reads,
+then the backward: the residuals are alive together at the turn between the two.
+`jax.checkpoint` cannot help once the program is differentiated (that is
+`remat_program`'s job, for `jax.grad(optimize(f))`), so this places the
+recomputation directly, as a min-cut partitioner does (Checkmate, PyTorch's):
+
+* the **turn** is where the most bytes are alive (the forward's end);
+* the forward is cut into k segments at narrow points of the forward alone
+  (`remat_program.boundaries`: a layer's output, not its hidden activations);
+  the values crossing the cuts are kept;
+* every other residual of a segment but the last (whose backward runs right
+  after it) is recomputed just before the backward first reads it, by copies of
+  the segment's equations that produce it, from the kept values passed through
+  an `optimization_barrier` together with the backward value read there, so XLA
+  neither merges the copy with the forward (CSE) nor runs it early.
+
+The copies are the same primitives on the same values. Programs with loops
+(`remat_loops` plans them) or effects (a copy would repeat them) are left alone.
+"""
+from __future__ import annotations
+
+import types
+
+from ..ir import Graph
+from ..ir.identity import is_impure
+from .remat_program import MIN_EQNS_PER_SEGMENT, boundaries, cuts
+
+
+def turn(closed) -> int:
+    """Index of the first equation after the point where the most bytes are alive (the forward's end)."""
+    across, _ = cuts(closed.jaxpr)
+    return max(range(1, len(closed.jaxpr.eqns)), key=lambda i: (across[i], -i))
+
+
+def eligible(graph: Graph) -> bool:
+    return not any(n.name in ("scan", "while") or is_impure(n) for n, _ in graph.walk())
+
+
+def recomputed(closed, k: int):
+    """`closed` with its forward cut in k segments and the residuals of all but the last recomputed where
+    the backward reads them; None where there is nothing to recompute."""
+    t = turn(closed)
+    if t < 2 * MIN_EQNS_PER_SEGMENT:
+        return None
+    forward = types.SimpleNamespace(eqns=closed.jaxpr.eqns[:t], outvars=[])   # the forward alone: its liveness
+    bounds = boundaries(forward, k)
+    if not bounds:
+        return None
+    g = Graph.from_jaxpr(closed)
+    nodes = g.nodes                      # aligned with closed.jaxpr.eqns
+    index = {id(n): i for i, n in enumerate(nodes)}
+    edges = [0, *bounds]
+    segments = [nodes[a:b] for a, b in zip(edges, edges[1:])]   # the last segment [bounds[-1], t) stays
+    kept = set()
+    for seg in segments + [nodes[bounds[-1]:t]]:
+        mine = {id(n) for n in seg}
+        kept |= {v.id for n in seg for v in n.inputs if v.producer is not None and id(v.producer) not in mine}
+    changed = False
+    for seg in segments:
+        mine = {id(n) for n in seg}
+        residuals = [o for n in seg for o in n.outputs
+                     if o.id not in kept and not o.is_output and any(u is not None and index.get(id(u), -1) >= t
+                                                                    for u, _ in o.uses)]
+        if residuals and _recompute(g, seg, mine, kept, residuals, index, t):
+            changed = True
+    return g.to_jaxpr() if changed else None
+
+
+def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
+    """Copies of the equations of `seg` that make `residuals` from the values kept (the fewest: `1 - y ** 2`
+    of a tanh layer from its kept output, not the layer again), placed before the backward's first reader."""
+    need, stack = set(), [v.producer for v in residuals]
+    while stack:
+        n = stack.pop()
+        if id(n) in need or id(n) not in mine:
+            continue
+        need.add(id(n))
+        stack.extend(v.producer for v in n.inputs if v.producer is not None and v.id not in kept)
+    slice_ = [n for n in seg if id(n) in need]
+    if any(n.regions for n in slice_):
+        return False                     # a call or control flow inside: left stored
+    readers = sorted((index[id(u)], u) for r in residuals for u, _ in r.uses
+                     if u is not None and index.get(id(u), -1) >= t)
+    j, first = readers[0]
+    anchor = next((v for v in first.inputs if v.producer is not None and index.get(id(v.producer), -1) >= t), None)
+    if anchor is None:
+        before = [n for n in g.nodes if t <= index.get(id(n), -1) < j]
+        if not before:
+            return False                 # read at the turn itself: nothing to gain
+        anchor = before[-1].outputs[0]
+    ins = []
+    for n in slice_:
+        for v in n.inputs:
+            if not v.is_literal and not v.is_const and (v.producer is None or id(v.producer) not in need) \
+                    and v not in ins:
+                ins.append(v)
+    barrier = g.add("optimization_barrier", [anchor, *ins], before=first)
+    copy = dict(zip((v.id for v in ins), barrier.outputs[1:]))
+    for n in slice_:
+        c = g.add(n.prim, [copy.get(v.id, v) for v in n.inputs], n.params, source_info=n.source_info, ctx=n.ctx,
+                  before=first)
+        copy.update(zip((o.id for o in n.outputs), c.outputs))
+    for r in residuals:
+        for u, i in list(r.uses):
+            if u is not None and index.get(id(u), -1) >= t:
+                u.set_input(i, copy[r.id])
+    return True
+
+
+__all__ = ["recomputed", "turn", "eligible"]
