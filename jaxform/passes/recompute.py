@@ -38,9 +38,18 @@ def eligible(graph: Graph) -> bool:
     return not any(n.name in ("scan", "while") or is_impure(n) for n, _ in graph.walk())
 
 
+def is_gradient(closed) -> bool:
+    """Whether `closed` was differentiated already: AD's transpose sums the cotangents of a value read
+    twice with `add_any`, which user code does not write. (A forward program with skip connections also
+    has values read after its liveness peak; it is `remat_program`'s to checkpoint, not this pass's.)"""
+    return any(e.primitive.name == "add_any" for e in closed.jaxpr.eqns)
+
+
 def recomputed(closed, k: int):
     """`closed` with its forward cut in k segments and the residuals of all but the last recomputed where
     the backward reads them; None where there is nothing to recompute."""
+    if k < 2 or len(closed.jaxpr.eqns) < 4 * MIN_EQNS_PER_SEGMENT:
+        return None
     t = turn(closed)
     if t < 2 * MIN_EQNS_PER_SEGMENT:
         return None
@@ -109,4 +118,4 @@ def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
     return True
 
 
-__all__ = ["recomputed", "turn", "eligible"]
+__all__ = ["recomputed", "turn", "eligible", "is_gradient"]

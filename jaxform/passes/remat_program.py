@@ -66,7 +66,7 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
         policy, k = schedule
         if policy == "recompute":        # a gradient program's residuals recomputed in its backward
             from .recompute import recomputed
-            out = recomputed(closed, k)
+            out = recomputed(closed, k) if k > 1 else None
             return graph if out is None else Graph.from_jaxpr(out)
         return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
     choice = choose(closed, memory)
@@ -255,32 +255,31 @@ def xla_temp(closed) -> int:
 def _recompute_choice(closed, memory):
     """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
     recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
-    Returns (choice or None, stop): stop where the program's own temp is over a byte budget and has
-    a backward to recompute in (its gradient, the other order's measure, can only be bigger)."""
+    Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
+    gradient's candidates (the other order's) are not measured after it."""
     from ..plan import cost
-    from .recompute import recomputed
-    progs = [(k, recomputed(closed, k)) for k in (4, 2, 8, 16)]
-    progs = [(k, p) for k, p in progs if p is not None]
-    if not progs:
+    from .recompute import is_gradient, recomputed
+    if not is_gradient(closed):
         return None, False
     plain = xla_temp(closed)
-    if not isinstance(memory, str) and plain <= memory:
-        return None, False
+    if plain == 0 or (not isinstance(memory, str) and plain <= memory):
+        return None, True
+    progs = [(k, p) for k in (4, 2, 8, 16) if (p := recomputed(closed, k)) is not None]
     scored = [(f"recompute, {k} segments", p, xla_temp(p), cost.estimate(p, grad=False).seconds) for k, p in progs]
-    least = min(scored, key=lambda s: (s[2], s[3]))
-    scored = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
-    fits = [s for s in scored if memory == "min" or s[2] <= memory]
+    saving = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
+    least = min(saving, key=lambda s: (s[2], s[3])) if saving else None
+    fits = [s for s in saving if memory == "min" or s[2] <= memory]
     if fits:
         return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
-    if memory == "min":
-        return None, False       # maybe a forward program after all: its gradient's candidates are measured next
-    warnings.warn(
-        f"jaxform: remat_program cannot fit this program in memory={memory} bytes ({memory / 2 ** 20:.2f} MiB): "
-        f"plain {plain / 2 ** 20:.2f} MiB, the least recomputation in its backward reaches is "
-        f"{least[2] / 2 ** 20:.2f} MiB ({least[0]}); " + ("using that." if scored else "left as it is.") +
-        " A smaller batch, or jax.checkpoint by hand where XLA does not reuse buffers (docs/remat.md).",
-        stacklevel=3)
-    return (least if scored else None), True
+    if memory != "min":
+        reached = min((s[2] for s in scored), default=plain)
+        warnings.warn(
+            f"jaxform: remat_program cannot fit this gradient program in memory={memory} bytes "
+            f"({memory / 2 ** 20:.2f} MiB): plain {plain / 2 ** 20:.2f} MiB, the least recomputation in its backward "
+            f"reaches is {reached / 2 ** 20:.2f} MiB; " + ("using that." if least else "left as it is.") +
+            " A smaller batch, or jax.checkpoint by hand where XLA does not reuse buffers (docs/remat.md).",
+            stacklevel=3)
+    return least, True
 
 
 __all__ = ["remat_program", "with_memory", "choose", "candidates", "checkpointed", "boundaries"]
