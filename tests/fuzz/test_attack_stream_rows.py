@@ -355,6 +355,7 @@ def test_two_buffers_and_one_buffer_passed_twice():
           jnp.sum(two(X8)[0]) + jnp.max(two(X8)[1]), False)
 
 
+@pytest.mark.slow   # 20 s: the fast tier keeps its lighter siblings
 def test_row_read_feeding_a_cond_and_nested_loops():
     """A row value (not the buffer) into a cond; a for_loop inside a scan body (streamed inside, the outer
     loop's own carry untouched); a fori_loop over each row inside a fori_loop over rows."""
@@ -445,6 +446,7 @@ def test_rng_in_the_body():
     _check(key_from_row, X8 * 10, grad=False)
 
 
+@pytest.mark.slow   # 20 s: the fast tier keeps its lighter siblings
 def test_transforms_of_the_optimized_program():
     """grad, value_and_grad, jvp, jacfwd, hessian, vmap and grad-of-vmap of optimize(f); optimize of
     grad / hessian / jacfwd / vmap of f; all against plain JAX, also with inf in the buffer."""

@@ -7,6 +7,7 @@ Values are compared with plain JAX under the flag; gradients and vmap with plain
 (JAX 0.12 cannot differentiate or batch a Scan3: the optimized program, a `scan`, can).
 """
 import contextlib
+import os
 import re
 
 import jax
@@ -341,6 +342,11 @@ def test_for_loop_scan_fuses_as_lax_scan_does():
 from test_fusion_real import PROGRAMS as REAL, SCAN3_LIMITS, stacked_outputs  # noqa: E402
 
 
+# 16 s each: in the fast tier only where the flag is the point (`make test-scan3`); elsewhere the slow tier
+SCAN3_RUN = pytest.mark.slow if not os.environ.get("JAXFORM_TEST_SCAN3") else pytest.mark.usefixtures()
+
+
+@SCAN3_RUN
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_real_programs_same_program_and_memory_with_the_flag_on(name):
     if name in SCAN3_LIMITS:

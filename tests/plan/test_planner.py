@@ -54,7 +54,7 @@ def test_default_forward_never_bigger(name):
 
 
 @cpu_only
-@pytest.mark.parametrize("memory", [None, "auto"])
+@pytest.mark.parametrize("memory", [pytest.param(None, marks=pytest.mark.slow), "auto"])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_default_gradients_never_bigger(name, memory):
     fn, args = PROGRAMS[name]
@@ -120,8 +120,12 @@ def test_judge_objective():
     assert planner.judge(plain, fused, Estimate(100e6, 0.5, 200e6, 2.9), memory_pass=False, memory=None)[0]
     # no bigger but slower: no
     assert not planner.judge(plain, fused, Estimate(1e6, 1.0, 200e6, 2.9), memory_pass=False, memory=None)[0]
-    # the memory planner trades time for gradient memory as asked
-    assert planner.judge(plain, fused, Estimate(1e6, 0.9, 50e6, 4.0), memory_pass=True, memory="auto")[0]
+    # the memory planner trades time for gradient memory as asked: "min" and budgets do, "auto" (the
+    # default) only where the gradient is not predicted slower
+    assert planner.judge(plain, fused, Estimate(1e6, 0.9, 50e6, 4.0), memory_pass=True, memory="min")[0]
+    assert planner.judge(plain, fused, Estimate(1e6, 0.9, 50e6, 4.0), memory_pass=True, memory=60e6)[0]
+    assert not planner.judge(plain, fused, Estimate(1e6, 0.9, 50e6, 4.0), memory_pass=True, memory="auto")[0]
+    assert planner.judge(plain, fused, Estimate(1e6, 0.9, 50e6, 2.9), memory_pass=True, memory="auto")[0]
     assert not planner.judge(plain, fused, Estimate(1e6, 0.9, 200e6, 4.0), memory_pass=True, memory="auto")[0]
 
 
