@@ -43,6 +43,7 @@ XS = np.linspace(-1, 1, 20 * 12, dtype=np.float32).reshape(20, 3, 4)
 
 # ---- what held ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow   # 24 s: the fast tier keeps revolve's other transform tests
 def test_transforms_match_plain_jax_with_special_values():
     """grad (eager and jit), jvp, jvp-of-grad, vmap of grad with the batch axis on a non-leading axis of xs,
     grad of vmap and jacfwd agree with plain JAX, also with inf/NaN/-0.0/3e38/1e-40 in xs and in w."""

@@ -23,6 +23,9 @@ from jaxform.passes import scans_from_ref_loops
 
 pytestmark = pytest.mark.skipif("jax_scan3" not in _jax.loop_flags(),
                                 reason=f"JAX {jax.__version__} has no jax_scan3 (0.12+)")
+# The slowest comparisons run in the fast tier only where the flag is the point (`make test-scan3`);
+# elsewhere (the JAX 0.10.2 fast tier) in the slow tier.
+SCAN3_RUN = pytest.mark.slow if not os.environ.get("JAXFORM_TEST_SCAN3") else pytest.mark.usefixtures()
 
 
 @contextlib.contextmanager
@@ -309,6 +312,7 @@ def test_for_loop_hoisting_changes_the_program():
             jaxform.optimize(fn, passes=["dce"]))(*args))
 
 
+@SCAN3_RUN
 def test_for_loop_prefix_sums_streams_as_the_hand_written_scan():
     """The seed's cumsum: stream_rows carries one row instead of the buffer and fusion reduces the rest,
     so forward and gradient temp memory equal the optimized hand-written scan's, flag on and off; plain
@@ -340,10 +344,6 @@ def test_for_loop_scan_fuses_as_lax_scan_does():
 # ---- the real programs of test_fusion_real.py ---------------------------------------------------
 
 from test_fusion_real import PROGRAMS as REAL, SCAN3_LIMITS, stacked_outputs  # noqa: E402
-
-
-# 16 s each: in the fast tier only where the flag is the point (`make test-scan3`); elsewhere the slow tier
-SCAN3_RUN = pytest.mark.slow if not os.environ.get("JAXFORM_TEST_SCAN3") else pytest.mark.usefixtures()
 
 
 @SCAN3_RUN
