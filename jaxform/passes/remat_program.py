@@ -205,10 +205,7 @@ def xla_grad_temp(closed) -> int | None:
     """XLA's temp bytes for the gradient program of `closed` (compiled here), or None."""
     from ..plan.cost import gradient_program
     gp = gradient_program(closed)
-    if gp is None:
-        return None
-    fn = jax.jit(functools.partial(_jax.eval_jaxpr, gp))
-    return fn.lower(*[_jax.spec_of(a) for a in gp.in_avals]).compile().memory_analysis().temp_size_in_bytes
+    return None if gp is None else xla_temp(gp)
 
 
 def choose(closed, memory):

@@ -93,6 +93,9 @@ _PLANNED_FOR: contextvars.ContextVar = contextvars.ContextVar("jaxform_planned_f
 def planning_for(backend: str):
     """Plan with `backend`'s cost constants whatever JAX's default backend is: tests, and a program
     traced here for another machine (`with planning_for("gpu"): optimize(f)(x)` decides as on a GPU)."""
+    if backend not in ("cpu", "gpu", "cuda", "rocm", "tpu"):
+        raise ValueError(f"jaxform: planning_for({backend!r}): a JAX backend name is expected, 'cpu' or 'gpu' "
+                         "(also 'cuda', 'rocm', 'tpu', which plan with the GPU's constants).")
     token = _PLANNED_FOR.set(CPU if backend == "cpu" else GPU)
     try:
         yield
@@ -108,8 +111,9 @@ def forced_machine() -> Machine | None:
 def machine(backend: str | None = None) -> Machine:
     """The cost constants of `backend` (default: `planning_for`'s, else JAX's default backend); TPU uses
     the GPU's."""
-    if backend is None and _PLANNED_FOR.get() is not None:
-        return _PLANNED_FOR.get()
+    forced = _PLANNED_FOR.get()
+    if backend is None and forced is not None:
+        return forced
     return CPU if (backend or jax.default_backend()) == "cpu" else GPU
 
 

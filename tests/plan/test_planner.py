@@ -245,6 +245,9 @@ def test_planning_for_is_scoped_and_keys_the_cache():
         assert cost.machine() is cost.GPU
         f(jnp.ones(3))
     assert cost.machine() is cost.machine(jax.default_backend()) and f.cache_size() == 2
+    with pytest.raises(ValueError, match="planning_for\\('gpuu'\\)"):
+        with cost.planning_for("gpuu"):
+            pass
 
 
 def test_gpu_auto_memory_costs_no_time():
