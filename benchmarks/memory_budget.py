@@ -13,8 +13,12 @@ trip counts and three bounds, against plain JAX's gradient of the same loop as a
 length (which needs the trip count known in advance).
 (d) a small ResNet (6 residual blocks of two 3x3 convolutions, 32 channels, GroupNorm, 32x32x3 images, batch
 32) as (a)/(b), and the largest batch whose gradient fits 1 GiB of XLA temp memory, plain and optimized.
-Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while] [--resnet] [--batch]
+(b') --big: the transformer at issue 30's size (12 blocks, d=256, 8 heads, 4 x 256 tokens).
+Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while] [--resnet] [--batch] [--grad-first] [--big]
+XLA:CPU before jaxlib 0.11 reuses no memory that recomputation frees unless its memory scheduler is on
+(XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false; docs/remat.md): run on the newest JAX.
 """
+import functools
 import sys
 import time
 
@@ -92,13 +96,16 @@ class LM(nn.Module):
         return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
-def lm_setup():
+def lm_setup(batch=8, big=False):
+    """The small LM (4 blocks, d=128, 4 heads, 8 x 128 tokens); big: issue 30's (12 blocks, d=256, 8 heads,
+    4 x 256 tokens: 514 MiB with `jax.jit` there)."""
     r = np.random.RandomState(0)
-    tokens = jnp.asarray(r.randint(0, 256, (8, 129)), np.int32)
-    params = LM().init(jax.random.PRNGKey(0), tokens[:, :-1])
+    size = dict(d=256, heads=8, layers=12) if big else {}
+    tokens = jnp.asarray(r.randint(0, 256, (4 if big and batch == 8 else batch, 257 if big else 129)), np.int32)
+    params = LM(**size).init(jax.random.PRNGKey(0), tokens[:, :-1])
 
     def loss_of(policy):
-        model = LM(policy=policy)
+        model = LM(policy=policy, **size)
 
         def loss(params, tokens):
             logits = model.apply(params, tokens[:, :-1])
@@ -187,6 +194,14 @@ def temp(f, *args):
     return f.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+def grad_err(loss, ref_loss, params, batch):
+    """Largest gradient difference, relative to the largest gradient entry (Adam's first step divides a
+    gradient by its own size, so `err` of the updated parameters shows rounding of tiny entries)."""
+    g, r = (jax.tree_util.tree_leaves(jax.jit(jax.grad(f))(params, batch)) for f in (loss, ref_loss))
+    scale = max(float(jnp.max(jnp.abs(x))) for x in r)
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(g, r)) / scale
+
+
 def err(a, b):
     return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
                for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
@@ -212,13 +227,13 @@ def run(name, setup):
     ref = steps[0](*args)
     print(f"\n({name}) value_and_grad XLA temp (plain {base / MiB:.2f} MiB); train step (+ Adam) temp and time")
     print(f"{'version':40s} {'grad MiB':>9s} {'of plain':>8s} {'step MiB':>9s} {'step ms':>8s} {'x plain':>8s} "
-          f"{'err':>9s}  budget")
+          f"{'err':>9s} {'grad err':>9s}  budget")
     for (label, loss, extra), s, t in zip(rows, steps, times):
         m = grad_temp(loss)
         e = err(s(*args)[:2], ref[:2])
         note = "" if extra is None else (f"{'fits' if m <= extra[0] else 'OVER'} (plan+compile {extra[1]:.1f} s)")
         print(f"{label:40s} {m / MiB:9.2f} {m / base:8.0%} {temp(s, *args) / MiB:9.2f} {t * 1e3:8.1f} "
-              f"{t / times[0]:8.2f} {e:9.2e}  {note}")
+              f"{t / times[0]:8.2f} {e:9.2e} {grad_err(loss, losses['plain'], params, batch):9.1e}  {note}")
 
 
 def run_grad_first(name, setup):
@@ -308,8 +323,11 @@ if __name__ == "__main__":
     print(f"jax {jax.__version__}, {jax.default_backend()}")
     if "--resnet" in sys.argv:
         run("d", resnet_setup)
+    if "--big" in sys.argv:
+        run("b, issue 30's size", functools.partial(lm_setup, big=True))
+        sys.exit()
     if "--batch" in sys.argv or "--resnet" in sys.argv:
-        for name, setup in (("MLP", mlp_setup), ("ResNet", resnet_setup)):
+        for name, setup in (("MLP", mlp_setup), ("ResNet", resnet_setup), ("transformer LM", lm_setup)):
             plain, ours = largest_batch(setup)
             print(f"largest {name} batch whose gradient fits 1 GiB of XLA temp: plain {plain}, "
                   f"optimize(memory=1 GiB) {ours} ({ours / max(plain, 1):.2f}x)", flush=True)

@@ -362,7 +362,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         leaves = [l for _, l in leaves_paths]
         _check_leaves(fn, leaves, [p for p, _ in leaves_paths], positions)
         try:
-            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.forced_machine())
+            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.planning_key())
             hash(key)
         except TypeError as e:
             raise TypeError(f"jaxform: a static argument of {name} is not hashable: {e}") from None

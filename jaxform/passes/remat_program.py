@@ -22,9 +22,12 @@ if it saves at least 25%, else nothing (recomputing for a few percent only costs
 model's liveness estimate ranked checkpointed gradients wrongly, off by up to 2x on
 an MLP, so memory is measured: a few compiles, paid only when a budget is given.)
 
-`memory="auto"` leaves straight-line programs alone: in a loop the smaller working
-set can pay for the recomputation, in straight-line code it only costs time (and
-tracing candidates' gradients would cost every optimized program compile time).
+`memory="auto"` (the default) plans a straight-line program only where its gradient
+might not fit the device (`plan.cost.device_memory()`: the allocator's limit, the
+host's RAM on CPU): the budget is then AUTO_SHARE of it, less the arguments and their
+gradients. Elsewhere it leaves the program alone: in a loop the smaller working set
+can pay for the recomputation, in straight-line code it only costs time, and the
+gate (bytes the program makes, no compile) costs an optimized program nothing.
 Programs with loops are left to `remat_loops`; programs with effects (callbacks,
 RNG state, refs) are left alone (recomputing would repeat them). Forward cost is
 unchanged: `jax.checkpoint` only changes what differentiation stores.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 
 import jax
@@ -42,11 +46,14 @@ from .. import _jax
 from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
+from ..plan.cost import device_memory
 from . import register
 
 MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
 GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
 MIN_EQNS_PER_SEGMENT = 4
+AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
+AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.checkpoint_policies.nothing_saveable,
             "dots": jax.checkpoint_policies.dots_saveable}
@@ -59,7 +66,15 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
     schedule=(policy, k) forces one candidate without measuring (the fuzzer's way to reach every one);
     policy "recompute": `passes.recompute` (for a program that is itself a gradient).
     """
-    if (memory is None or memory == "auto") and schedule is None or not _eligible(graph):
+    if memory is None and schedule is None:
+        return graph
+    asked = None
+    if memory == "auto" and schedule is None:
+        memory = auto_budget(graph)
+        if memory is None:
+            return graph
+        asked = f"memory='auto' ({AUTO_SHARE:.0%} of the device's {_mib(device_memory())}, less the arguments)"
+    if not _eligible(graph):
         return graph
     closed = graph.to_jaxpr()
     if schedule is not None:
@@ -69,10 +84,42 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
             out = recomputed(closed, k) if k > 1 else None
             return graph if out is None else Graph.from_jaxpr(out)
         return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
-    choice = choose(closed, memory)
+    choice = choose(closed, memory, asked)
     if choice is None:
         return graph
     return Graph.from_jaxpr(choice[1])
+
+
+def auto_budget(graph: Graph) -> int | None:
+    """memory="auto" on a straight-line program: the byte budget the device sets where the gradient
+    might not fit it, else None (left alone: recomputing in straight-line code only costs time)."""
+    cap = device_memory()
+    if cap is None:
+        return None
+    budget = int(AUTO_SHARE * cap - 2 * sum(_var_bytes(v) for v in graph.inputs))   # arguments and gradients
+    made = sum(_var_bytes(o) for n in graph.nodes for o in n.outputs)
+    return budget if budget > 0 and AUTO_GATE * made >= budget else None
+
+
+def _user_stacklevel() -> int:
+    from ..optimize import _user_stacklevel as level     # the user's line, not this pass's
+    return level() - 1
+
+
+def _advice() -> str:
+    """What to try when a budget is not met. XLA:CPU before JAX 0.12 (its concurrency-optimized
+    scheduler) reuses none of the memory recomputation frees: a transformer's gradient stayed at 76.8 MiB
+    under any checkpointing, 37 MiB with `jax.checkpoint` per block once the flag below was off."""
+    if jax.default_backend() == "cpu" and _jax.JAX_VERSION < (0, 12) and \
+            "concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+        return (" XLA:CPU before JAX 0.12 frees nothing by recomputation unless its memory scheduler is on: "
+                "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false (set before JAX starts; "
+                "docs/remat.md), or a newer JAX.")
+    return " A smaller batch, or jax.checkpoint by hand at finer points (docs/remat.md)."
+
+
+def _mib(n) -> str:
+    return f"{n / 2 ** 20:.2f} MiB"
 
 
 def with_memory(memory, schedule: tuple | None = None):
@@ -208,12 +255,14 @@ def xla_grad_temp(closed) -> int | None:
     return None if gp is None else xla_temp(gp)
 
 
-def choose(closed, memory):
+def choose(closed, memory, asked: str | None = None):
     """(name, program, XLA grad temp bytes, predicted grad seconds) for `memory`, or None to leave
     the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
     model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's."""
     from ..plan import cost
-    own, stop = _recompute_choice(closed, memory)
+    asked = asked or (f"memory={memory!r}" if isinstance(memory, str) else
+                      f"memory={memory} bytes ({_mib(memory)})")
+    own, stop = _recompute_choice(closed, memory, asked)
     if own is not None or stop:
         return own
     plain = xla_grad_temp(closed)
@@ -235,21 +284,20 @@ def choose(closed, memory):
         return least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))
     useful = least[2] <= (1 - MIN_SAVING) * plain
     warnings.warn(
-        f"jaxform: remat_program cannot fit this program's gradient in memory={memory} bytes "
-        f"({memory / 2 ** 20:.2f} MiB): plain {plain / 2 ** 20:.2f} MiB, the least any segment checkpointing "
+        f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
+        f"the least any segment checkpointing "
         f"reaches is {least[2] / 2 ** 20:.2f} MiB ({least[0]}); " +
         ("using that." if useful else f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation).")
-        + " A smaller batch, or memory='min', or jax.checkpoint by hand where XLA does not reuse "
-          "buffers (docs/remat.md).", stacklevel=2)
+        + _advice(), stacklevel=_user_stacklevel())
     return least if useful else None
 
 
 def xla_temp(closed) -> int:
-    fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
-    return fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile().memory_analysis().temp_size_in_bytes
+    from ..plan.cost import xla_temp
+    return xla_temp(closed)
 
 
-def _recompute_choice(closed, memory):
+def _recompute_choice(closed, memory, asked: str):
     """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
     recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
     Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
@@ -271,11 +319,10 @@ def _recompute_choice(closed, memory):
     if memory != "min":
         reached = min((s[2] for s in scored), default=plain)
         warnings.warn(
-            f"jaxform: remat_program cannot fit this gradient program in memory={memory} bytes "
-            f"({memory / 2 ** 20:.2f} MiB): plain {plain / 2 ** 20:.2f} MiB, the least recomputation in its backward "
+            f"jaxform: remat_program cannot fit this gradient program in {asked}: plain {_mib(plain)}, "
+            f"the least recomputation in its backward "
             f"reaches is {reached / 2 ** 20:.2f} MiB; " + ("using that." if least else "left as it is.") +
-            " A smaller batch, or jax.checkpoint by hand where XLA does not reuse buffers (docs/remat.md).",
-            stacklevel=3)
+            _advice(), stacklevel=_user_stacklevel())
     return least, True
 
 

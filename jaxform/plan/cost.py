@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
+import os
 from dataclasses import dataclass
 
 import jax
@@ -36,7 +38,8 @@ from ..ir.separability import AXES_REDUCTIONS, CALL_LIKE, ELEMENTWISE, UNARY
 from ..ir.sizes import nbytes
 from ..ir.toposort import producers_first
 
-__all__ = ["Machine", "Estimate", "machine", "planning_for", "estimate", "temp_bytes", "seconds", "has_loops"]
+__all__ = ["Machine", "Estimate", "machine", "planning_for", "estimate", "temp_bytes", "seconds", "has_loops",
+           "device_memory", "device_memory_limit", "xla_temp"]
 
 LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
                     "reduce_precision", "iota", "select_n", "clamp"})
@@ -106,6 +109,46 @@ def planning_for(backend: str):
 def forced_machine() -> Machine | None:
     """The machine `planning_for` set, if any (part of `optimize`'s cache key)."""
     return _PLANNED_FOR.get()
+
+
+_DEVICE_MEMORY: contextvars.ContextVar = contextvars.ContextVar("jaxform_device_memory", default=None)
+
+
+@contextlib.contextmanager
+def device_memory_limit(nbytes: int):
+    """Plan as if the device held `nbytes` (what `memory="auto"` fits a straight-line gradient into):
+    tests, and planning for a smaller device than this one. Like `planning_for`, it is read when a
+    function is traced: a function `jax.jit` traced already keeps its program."""
+    if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes <= 0:
+        raise ValueError(f"jaxform: device_memory_limit({nbytes!r}): a positive number of bytes is expected.")
+    token = _DEVICE_MEMORY.set(int(nbytes))
+    try:
+        yield
+    finally:
+        _DEVICE_MEMORY.reset(token)
+
+
+def device_memory() -> int | None:
+    """Bytes the default device holds: `device_memory_limit`'s, else the allocator's limit (GPU, TPU),
+    else the host's RAM (CPU); None where neither is known."""
+    forced = _DEVICE_MEMORY.get()
+    if forced is not None:
+        return forced
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 - a backend without memory stats (CPU): the host's RAM below
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def planning_key() -> tuple:
+    """What `planning_for` and `device_memory_limit` set: part of `optimize`'s cache key."""
+    return forced_machine(), _DEVICE_MEMORY.get()
 
 
 def machine(backend: str | None = None) -> Machine:
@@ -337,6 +380,13 @@ def gradient_program(closed):
         return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
     except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
         return None
+
+
+def xla_temp(closed) -> int:
+    """XLA's temp bytes for `closed` (compiled here: seconds for a big program): what the model predicts,
+    measured, where a decision is worth a compile."""
+    fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
+    return fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile().memory_analysis().temp_size_in_bytes
 
 
 def estimate(closed, *, grad: bool = True, m: Machine | None = None) -> Estimate:

@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import jax
-
 from ..ir import Graph
 from ..ir.identity import structure
 from .. import _jax
@@ -275,7 +273,7 @@ def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided, force: bo
             a, b = view(closed), view(chosen)
             if a is None or b is None:
                 continue
-            plain, opt = _xla_temp(a), _xla_temp(b)
+            plain, opt = _cost.xla_temp(a), _cost.xla_temp(b)
             if opt > plain * (1 + MEMORY_REL):
                 decisions.append(Decision("planner", False, plain_cost, plain_cost,
                                           f"XLA measured {what} temp {opt} B > {plain} B as traced: "
@@ -284,11 +282,6 @@ def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided, force: bo
     except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
         return chosen
     return chosen
-
-
-def _xla_temp(closed) -> int:
-    fn = jax.jit(lambda *a: _jax.eval_jaxpr(closed, *a))
-    return fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile().memory_analysis().temp_size_in_bytes
 
 
 def _after_memory_planning(pipeline, i, good, cand, run, cache, plain_cost, memory, keep, why):

@@ -6,7 +6,8 @@ import pytest
 from jax import lax
 
 import jaxform
-from jaxform.passes.remat_program import boundaries, remat_program
+from jaxform.passes.remat_program import AUTO_SHARE, boundaries, remat_program
+from jaxform.plan.cost import device_memory_limit
 from jaxform.ir import Graph
 
 REMAT = ("remat2", "checkpoint")
@@ -78,8 +79,51 @@ def test_forward_is_unchanged_in_cost_and_value():
 
 
 def test_auto_and_a_budget_that_fits_leave_the_program_alone():
-    assert remats(jaxform.optimize(mlp_loss), PARAMS, X, Y) == 0                       # "auto": never slower
+    assert remats(jaxform.optimize(mlp_loss), PARAMS, X, Y) == 0      # "auto": fits this host: never slower
     assert remats(jaxform.optimize(mlp_loss, memory=plain_temp()), PARAMS, X, Y) == 0   # fits already
+
+
+def _device_for(budget):
+    """A device size whose "auto" budget is `budget`: AUTO_SHARE of it, less the arguments and gradients."""
+    ins = sum(a.nbytes for a in jax.tree_util.tree_leaves((PARAMS, X, Y)))
+    return int((budget + 2 * ins) / AUTO_SHARE) + 1
+
+
+def test_auto_fits_a_gradient_the_device_could_not_hold():
+    """memory="auto" (the default) plans a straight-line program only where its gradient would not fit
+    the device, and then to fit it; the same optimized function replans under another device size (in a
+    new trace: like `planning_for`, the limit is read when a function is traced, not by JAX's jit cache)."""
+    plain = plain_temp()
+    budget = int(plain * 0.6)
+    f = jaxform.optimize(mlp_loss)
+    with device_memory_limit(_device_for(budget)):
+        assert remats(f, PARAMS, X, Y) >= 1
+        assert temp(jax.grad(f), PARAMS, X, Y) <= budget
+        v1, g1 = jax.jit(jax.value_and_grad(f))(PARAMS, X, Y)
+    with device_memory_limit(_device_for(2 * plain)):       # fits: no change
+        assert remats(lambda *a: f(*a), PARAMS, X, Y) == 0
+        assert f.cache_size() == 2
+    v0, g0 = jax.jit(jax.value_and_grad(mlp_loss))(PARAMS, X, Y)
+    assert v0 == v1
+    close(g1, g0)
+
+
+def test_auto_gradient_first_recomputes_where_the_device_is_short():
+    vg = jax.value_and_grad(mlp_loss)
+    plain = temp(vg, PARAMS, X, Y)
+    with device_memory_limit(_device_for(int(plain * 0.6))):
+        f = jaxform.optimize(vg)
+        assert temp(f, PARAMS, X, Y) < plain
+        (v1, g1), (v0, g0) = jax.jit(f)(PARAMS, X, Y), jax.jit(vg)(PARAMS, X, Y)
+    assert v0 == v1
+    close(g1, g0)
+
+
+def test_device_memory_limit_teaches_on_bad_input():
+    for bad in (0, -5, 1.5, True, "1GiB"):
+        with pytest.raises(ValueError, match="positive number of bytes"):
+            with device_memory_limit(bad):
+                pass
 
 
 def test_programs_with_loops_or_effects_are_left_to_others():
