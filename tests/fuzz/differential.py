@@ -83,7 +83,26 @@ def memory_pipelines() -> dict:
     # memory="auto" is what `while_grad` and `remat_loops` do alone (registered passes, run above)
     settings = {"memory=min": ("min", ("all", 2)), "memory=0": (0, ("nothing", 3)),
                 "memory=0,recompute": (0, ("recompute", 2))}   # optimize(jax.grad(f), memory=...)
-    return {k: [whiles(m, None, "a fuzz program"), loops(m), program(m, sched)] for k, (m, sched) in settings.items()}
+    out = {k: [whiles(m, None, "a fuzz program"), loops(m), program(m, sched)] for k, (m, sched) in settings.items()}
+    out["memory=auto,small device"] = ["while_grad", "remat_loops", auto_on_a_small_device]
+    return out
+
+
+def auto_on_a_small_device(graph):
+    """memory="auto" (the default) where the device holds the arguments, their gradients and one byte
+    more: the whole "auto" path of a straight-line program (gate, budget, candidates compiled and measured
+    by XLA, the recompute path for gradient programs), which a forced schedule skips."""
+    import warnings
+    from jaxform.ir.sizes import nbytes
+    from jaxform.passes.remat_program import AUTO_SHARE, remat_program
+    from jaxform.plan.cost import device_memory_limit
+    ins = sum(b for v in graph.inputs if np.isfinite(b := nbytes(v.aval)))
+    with device_memory_limit(int((2 * ins + 1) / AUTO_SHARE) + 1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # "cannot fit": one byte is the point
+        return remat_program(graph, memory="auto")
+
+
+auto_on_a_small_device.pass_name, auto_on_a_small_device.exact = "remat_program(memory='auto', small device)", False
 
 
 def pipelines(grad: bool = True) -> dict[str, list]:
