@@ -369,7 +369,9 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         entry = cache.get(key)
         if entry is None:
             args_leaves[:] = [leaves]
-            entry = _build(args, kwargs, len(leaves))
+            first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
+            with _plan.cost.first_argument_is(first):     # what jax.grad(f) differentiates by default
+                entry = _build(args, kwargs, len(leaves))
             args_leaves.clear()
             if entry[2]:
                 cache[key] = entry

@@ -201,6 +201,8 @@ def checkpointed(closed, bounds: list[int], policy: str):
     eqns, n = jaxpr.eqns, len(jaxpr.eqns)
     edges = [0, *bounds, n]
     used_after = {v for v in jaxpr.outvars if not _jax.is_literal(v)}
+    dbg = jaxpr.debug_info      # the program's (names dropped: they do not fit a segment): no DebugInfo warning
+    dbg = dbg._replace(arg_names=None, result_paths=None) if hasattr(dbg, "_replace") else None
     segs = []
     for a, b in reversed(list(zip(edges, edges[1:]))):
         defined = {v for e in eqns[a:b] for v in e.outvars}
@@ -211,7 +213,7 @@ def checkpointed(closed, bounds: list[int], policy: str):
                 if not _jax.is_literal(v) and v not in defined:
                     free.setdefault(v, None)
         ins = list(free)
-        sub = _jax.closed_jaxpr([], ins, outs, eqns[a:b], _jax.jaxpr_effects([], ins, outs, eqns[a:b]), None, [])
+        sub = _jax.closed_jaxpr([], ins, outs, eqns[a:b], _jax.jaxpr_effects([], ins, outs, eqns[a:b]), dbg, [])
         segs.append(sub)
         used_after |= set(ins)
     segs.reverse()
@@ -258,7 +260,9 @@ def xla_grad_temp(closed) -> int | None:
 def choose(closed, memory, asked: str | None = None):
     """(name, program, XLA grad temp bytes, predicted grad seconds) for `memory`, or None to leave
     the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
-    model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's."""
+    model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's. A budget
+    is met by the gradient with respect to every float input and, where `optimize` knows it, by
+    `jax.grad`'s default, the first argument's (XLA gives the two different temp: 8 KiB on an MLP)."""
     from ..plan import cost
     asked = asked or (f"memory={memory!r}" if isinstance(memory, str) else
                       f"memory={memory} bytes ({_mib(memory)})")
@@ -266,7 +270,10 @@ def choose(closed, memory, asked: str | None = None):
     if own is not None or stop:
         return own
     plain = xla_grad_temp(closed)
-    if plain is None or (not isinstance(memory, str) and plain <= memory):
+    if plain is None:
+        return None
+    budget = not isinstance(memory, str)
+    if budget and plain <= memory and (first_argument_grad_temp(closed) or 0) <= memory:
         return None
     scored, tried = [], 0
     for name, prog in candidates(closed):
@@ -277,19 +284,38 @@ def choose(closed, memory, asked: str | None = None):
         if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
     if not scored:
+        if budget:
+            _cannot_fit(asked, plain, "no segment checkpointing saves memory here (XLA measured each); left "
+                                      "as it is.")
         return None
     least = min(scored, key=lambda s: (s[2], s[3]))
-    fits = [s for s in scored if memory == "min" or s[2] <= memory]
-    if fits:
-        return least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))
+    if memory == "min":
+        return least
+    for s in sorted((s for s in scored if s[2] <= memory), key=lambda s: (s[3], s[2])):
+        if (first_argument_grad_temp(s[1]) or 0) <= memory:
+            return s                     # the fastest that fits both gradients
     useful = least[2] <= (1 - MIN_SAVING) * plain
-    warnings.warn(
-        f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
-        f"the least any segment checkpointing "
-        f"reaches is {least[2] / 2 ** 20:.2f} MiB ({least[0]}); " +
-        ("using that." if useful else f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation).")
-        + _advice(), stacklevel=_user_stacklevel())
+    _cannot_fit(asked, plain, f"the least any segment checkpointing reaches is {_mib(least[2])} ({least[0]}); " +
+                ("using that." if useful else
+                 f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation)."))
     return least if useful else None
+
+
+def first_argument_grad_temp(closed) -> int | None:
+    """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
+    `optimize` told the planner which inputs those are and they are not all of them; else None."""
+    from ..plan import cost
+    wrt = cost.first_argument()
+    floats = [i for i in wrt if np.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
+    if not floats or len(floats) == sum(np.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
+        return None
+    gp = cost.gradient_program(closed, wrt=floats)
+    return None if gp is None else xla_temp(gp)
+
+
+def _cannot_fit(asked: str, plain: int, what: str) -> None:
+    warnings.warn(f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
+                  + what + _advice(), stacklevel=_user_stacklevel())
 
 
 def xla_temp(closed) -> int:

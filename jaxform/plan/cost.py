@@ -146,6 +146,24 @@ def device_memory() -> int | None:
         return None
 
 
+_FIRST_ARGUMENT: contextvars.ContextVar = contextvars.ContextVar("jaxform_first_argument", default=None)
+
+
+@contextlib.contextmanager
+def first_argument_is(inputs: range):
+    """`optimize` tells the planner which program inputs are the traced function's first argument: what
+    `jax.grad(f)` differentiates by default, the gradient a byte budget must fit besides the full one."""
+    token = _FIRST_ARGUMENT.set(inputs)
+    try:
+        yield
+    finally:
+        _FIRST_ARGUMENT.reset(token)
+
+
+def first_argument() -> range | None:
+    return _FIRST_ARGUMENT.get()
+
+
 def planning_key() -> tuple:
     """What `planning_for` and `device_memory_limit` set: part of `optimize`'s cache key."""
     return forced_machine(), _DEVICE_MEMORY.get()
@@ -357,11 +375,12 @@ def seconds(g: Graph, m: Machine | None = None, in_loop: bool = False) -> float:
 
 # ---- whole programs -----------------------------------------------------------------
 
-def gradient_program(closed):
+def gradient_program(closed, wrt=None):
     """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
-    every float input), or None where there is nothing to differentiate or JAX cannot."""
+    every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot."""
     from .. import _jax
-    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)
+              and (wrt is None or i in wrt)]
     outs = [i for i, a in enumerate(closed.out_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)]
     if not floats or not outs:
         return None

@@ -159,3 +159,30 @@ def test_short_or_loop_programs_are_left_alone():
                                                                            length=8)[1])), memory="min")
         np.testing.assert_allclose(f(jnp.ones(3)), jax.grad(lambda x: jnp.sum(jax.lax.scan(
             lambda c, _: (jnp.sin(c), c), x, None, length=8)[1]))(jnp.ones(3)), rtol=1e-6)
+
+
+def test_barrier_anchor_is_read_so_xla_keeps_it():
+    """Each barrier's first operand (the backward value it waits for) is passed through to a reader: XLA's
+    algebraic simplifier drops an unused barrier output with its operand, and then hoists the copies into
+    the forward (a 4-layer MLP stayed at 3 of 6 MiB instead of 1.5)."""
+    params, batch = setup(sizes=(16, 32, 32, 32, 32, 4), batch=8)
+    closed = jax.make_jaxpr(jax.grad(loss))(params, batch)
+    c = recomputed(closed, 4)
+    assert c is not None
+    barriers = [e for e in c.jaxpr.eqns if e.primitive.name == "optimization_barrier"]
+    assert barriers
+    read = {id(v) for e in c.jaxpr.eqns for v in e.invars if not _jax.is_literal(v)}
+    for b in barriers:
+        assert id(b.outvars[0]) in read
+
+
+@pytest.mark.skipif(_jax.JAX_VERSION < (0, 12), reason="XLA:CPU before JAX 0.12 reuses no freed memory")
+def test_more_segments_cut_only_at_narrow_points():
+    """Copies anchored to the backward and cuts where little is alive save 40% here
+    (measured 2.5 of 4.5 MiB at k=4; before, XLA hoisted the copies into the forward)."""
+    params, batch = setup()
+    closed = jax.make_jaxpr(jax.value_and_grad(loss))(params, batch)
+    from jaxform.passes.remat_program import xla_temp
+    plain = xla_temp(closed)
+    got = {k: xla_temp(recomputed(closed, k)) for k in (2, 4, 8)}
+    assert min(got.values()) <= 0.6 * plain, (plain, got)
