@@ -14,20 +14,10 @@ them in `jax.checkpoint`:
     dots        the whole program under `checkpoint_dots` (`dots_saveable`): matmul
                 results are stored, the elementwise work between them recomputed
 
-Each candidate's gradient program (the one `jax.grad` would run) is compiled and its
-memory read from XLA's `memory_analysis()`; its time is the planner's cost model's
-(`plan.cost`, roofline seconds, recomputation included). `"min"` takes the least
-memory; a budget the fastest candidate that fits, else (with a warning) the least memory
-if it saves at least 25%, else nothing (recomputing for a few percent only costs time). (The cost
-model's liveness estimate ranked checkpointed gradients wrongly, off by up to 2x on
-an MLP, so memory is measured: a few compiles, paid only when a budget is given.)
-
-`memory="auto"` (the default) plans a straight-line program only where its gradient
-might not fit the device (`plan.cost.device_memory()`: the allocator's limit, the
-host's RAM on CPU): the budget is then AUTO_SHARE of it, less the arguments and their
-gradients. Elsewhere it leaves the program alone: in a loop the smaller working set
-can pay for the recomputation, in straight-line code it only costs time, and the
-gate (bytes the program makes, no compile) costs an optimized program nothing.
+Which candidate, if any, is the planner's decision (`plan.memory.choose`: each
+candidate's gradient compiled and measured by XLA, the fastest that fits a budget,
+the least for `"min"`; `"auto"` only where the gradient might not fit the device).
+A program that is itself a gradient gets `passes.recompute`'s schedules instead.
 Programs with loops are left to `remat_loops`; programs with effects (callbacks,
 RNG state, refs) are left alone (recomputing would repeat them). Forward cost is
 unchanged: `jax.checkpoint` only changes what differentiation stores.
@@ -36,8 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import warnings
 
 import jax
 import numpy as np
@@ -46,14 +34,9 @@ from .. import _jax
 from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
-from ..plan.cost import device_memory
 from . import register
 
-MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
-GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
 MIN_EQNS_PER_SEGMENT = 4
-AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
-AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable, "all": jax.checkpoint_policies.nothing_saveable,
             "dots": jax.checkpoint_policies.dots_saveable}
@@ -68,12 +51,12 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
     """
     if memory is None and schedule is None:
         return graph
+    from ..plan import memory as decide        # whether recomputation pays is the planner's call
     asked = None
     if memory == "auto" and schedule is None:
-        memory = auto_budget(graph)
+        memory, asked = decide.auto_budget(graph)
         if memory is None:
             return graph
-        asked = f"memory='auto' ({AUTO_SHARE:.0%} of the device's {_mib(device_memory())}, less the arguments)"
     if not _eligible(graph):
         return graph
     closed = graph.to_jaxpr()
@@ -84,42 +67,10 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
             out = recomputed(closed, k) if k > 1 else None
             return graph if out is None else Graph.from_jaxpr(out)
         return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
-    choice = choose(closed, memory, asked)
+    choice = decide.choose(closed, memory, asked)
     if choice is None:
         return graph
     return Graph.from_jaxpr(choice[1])
-
-
-def auto_budget(graph: Graph) -> int | None:
-    """memory="auto" on a straight-line program: the byte budget the device sets where the gradient
-    might not fit it, else None (left alone: recomputing in straight-line code only costs time)."""
-    cap = device_memory()
-    if cap is None:
-        return None
-    budget = int(AUTO_SHARE * cap - 2 * sum(_var_bytes(v) for v in graph.inputs))   # arguments and gradients
-    made = sum(_var_bytes(o) for n in graph.nodes for o in n.outputs)
-    return budget if budget > 0 and AUTO_GATE * made >= budget else None
-
-
-def _user_stacklevel() -> int:
-    from ..optimize import _user_stacklevel as level     # the user's line, not this pass's
-    return level() - 1
-
-
-def _advice() -> str:
-    """What to try when a budget is not met. XLA:CPU before JAX 0.12 (its concurrency-optimized
-    scheduler) reuses none of the memory recomputation frees: a transformer's gradient stayed at 76.8 MiB
-    under any checkpointing, 37 MiB with `jax.checkpoint` per block once the flag below was off."""
-    if jax.default_backend() == "cpu" and _jax.JAX_VERSION < (0, 12) and \
-            "concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
-        return (" XLA:CPU before JAX 0.12 frees nothing by recomputation unless its memory scheduler is on: "
-                "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false (set before JAX starts; "
-                "docs/remat.md), or a newer JAX.")
-    return " A smaller batch, or jax.checkpoint by hand at finer points (docs/remat.md)."
-
-
-def _mib(n) -> str:
-    return f"{n / 2 ** 20:.2f} MiB"
 
 
 def with_memory(memory, schedule: tuple | None = None):
@@ -250,106 +201,4 @@ def candidates(closed):
         yield name, checkpointed(closed, list(b), policy)
 
 
-def xla_grad_temp(closed) -> int | None:
-    """XLA's temp bytes for the gradient program of `closed` (compiled here), or None."""
-    from ..plan.cost import gradient_program
-    gp = gradient_program(closed)
-    return None if gp is None else xla_temp(gp)
-
-
-def choose(closed, memory, asked: str | None = None):
-    """(name, program, XLA grad temp bytes, predicted grad seconds) for `memory`, or None to leave
-    the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
-    model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's. A budget
-    is met by the gradient with respect to every float input and, where `optimize` knows it, by
-    `jax.grad`'s default, the first argument's (XLA gives the two different temp: 8 KiB on an MLP)."""
-    from ..plan import cost
-    asked = asked or (f"memory={memory!r}" if isinstance(memory, str) else
-                      f"memory={memory} bytes ({_mib(memory)})")
-    own, stop = _recompute_choice(closed, memory, asked)
-    if own is not None or stop:
-        return own
-    plain = xla_grad_temp(closed)
-    if plain is None:
-        return None
-    budget = not isinstance(memory, str)
-    if budget and plain <= memory and (first_argument_grad_temp(closed) or 0) <= memory:
-        return None
-    scored, tried = [], 0
-    for name, prog in candidates(closed):
-        m = xla_grad_temp(prog)
-        tried += 1
-        if m is not None and m < plain:
-            scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0))
-        if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
-            break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
-    if not scored:
-        if budget:
-            _cannot_fit(asked, plain, "no segment checkpointing saves memory here (XLA measured each); left "
-                                      "as it is.")
-        return None
-    least = min(scored, key=lambda s: (s[2], s[3]))
-    if memory == "min":
-        return least
-    for s in sorted((s for s in scored if s[2] <= memory), key=lambda s: (s[3], s[2])):
-        if (first_argument_grad_temp(s[1]) or 0) <= memory:
-            return s                     # the fastest that fits both gradients
-    useful = least[2] <= (1 - MIN_SAVING) * plain
-    _cannot_fit(asked, plain, f"the least any segment checkpointing reaches is {_mib(least[2])} ({least[0]}); " +
-                ("using that." if useful else
-                 f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation)."))
-    return least if useful else None
-
-
-def first_argument_grad_temp(closed) -> int | None:
-    """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
-    `optimize` told the planner which inputs those are and they are not all of them; else None."""
-    from ..plan import cost
-    wrt = cost.first_argument()
-    floats = [i for i in wrt if np.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
-    if not floats or len(floats) == sum(np.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
-        return None
-    gp = cost.gradient_program(closed, wrt=floats)
-    return None if gp is None else xla_temp(gp)
-
-
-def _cannot_fit(asked: str, plain: int, what: str) -> None:
-    warnings.warn(f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
-                  + what + _advice(), stacklevel=_user_stacklevel())
-
-
-def xla_temp(closed) -> int:
-    from ..plan.cost import xla_temp
-    return xla_temp(closed)
-
-
-def _recompute_choice(closed, memory, asked: str):
-    """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
-    recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
-    Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
-    gradient's candidates (the other order's) are not measured after it."""
-    from ..plan import cost
-    from .recompute import is_gradient, recomputed
-    if not is_gradient(closed):
-        return None, False
-    plain = xla_temp(closed)
-    if plain == 0 or (not isinstance(memory, str) and plain <= memory):
-        return None, True
-    progs = [(k, p) for k in (4, 2, 8, 16) if (p := recomputed(closed, k)) is not None]
-    scored = [(f"recompute, {k} segments", p, xla_temp(p), cost.estimate(p, grad=False).seconds) for k, p in progs]
-    saving = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
-    least = min(saving, key=lambda s: (s[2], s[3])) if saving else None
-    fits = [s for s in saving if memory == "min" or s[2] <= memory]
-    if fits:
-        return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
-    if memory != "min":
-        reached = min((s[2] for s in scored), default=plain)
-        warnings.warn(
-            f"jaxform: remat_program cannot fit this gradient program in {asked}: plain {_mib(plain)}, "
-            f"the least recomputation in its backward "
-            f"reaches is {reached / 2 ** 20:.2f} MiB; " + ("using that." if least else "left as it is.") +
-            _advice(), stacklevel=_user_stacklevel())
-    return least, True
-
-
-__all__ = ["remat_program", "with_memory", "choose", "candidates", "checkpointed", "boundaries"]
+__all__ = ["remat_program", "with_memory", "candidates", "checkpointed", "boundaries", "cuts"]

@@ -94,7 +94,8 @@ def auto_on_a_small_device(graph):
     by XLA, the recompute path for gradient programs), which a forced schedule skips."""
     import warnings
     from jaxform.ir.sizes import nbytes
-    from jaxform.passes.remat_program import AUTO_SHARE, remat_program
+    from jaxform.passes.remat_program import remat_program
+    from jaxform.plan.memory import AUTO_SHARE
     from jaxform.plan.cost import device_memory_limit
     ins = sum(b for v in graph.inputs if np.isfinite(b := nbytes(v.aval)))
     with device_memory_limit(int((2 * ins + 1) / AUTO_SHARE) + 1), warnings.catch_warnings():

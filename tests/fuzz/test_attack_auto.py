@@ -33,11 +33,12 @@ from jax import lax
 
 import jaxform
 from jaxform import _jax
-from jaxform.passes.remat_program import AUTO_SHARE
+from jaxform.plan.memory import AUTO_SHARE
 from jaxform.plan import device_memory_limit
 
 rp = importlib.import_module("jaxform.passes.remat_program")   # the module (the package exports the pass)
 cost = importlib.import_module("jaxform.plan.cost")
+plan_memory = importlib.import_module("jaxform.plan.memory")
 
 R = np.random.RandomState(0)
 
@@ -381,7 +382,7 @@ def test_auto_warns_where_the_gradient_stays_over_the_budget():
 def test_auto_fits_the_budget_for_jax_grad_of_the_parameters():
     P = params_(L=6)
     closed = jax.make_jaxpr(mlp)(P, X)
-    budget = min(rp.xla_grad_temp(p) for _, p in rp.candidates(closed))   # the least a candidate reaches
+    budget = min(plan_memory.xla_grad_temp(p) for _, p in rp.candidates(closed))   # the least a candidate reaches
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with device_memory_limit(device_for(budget, (P, X))):

@@ -7,7 +7,7 @@ weak-typed Python scalars, user custom_vjp/custom_jvp, has_aux with integer aux,
 vmap-of-grad programs; the optimized gradient keeps values, dtypes and weak types under alternating argnums,
 keeps nested callbacks' invocation sequence, and differentiates (reverse over reverse, jacfwd, jacrev).
 
-What it found, each fixed and a test below ("findings"): `remat_program._recompute_choice` ran first for
+What it found, each fixed and a test below ("findings"): `remat_program._recompute_choice` (now `plan.memory.recompute_choice`) ran first for
 every program under memory="min" or a byte budget, so a forward program with skip connections (a U-Net)
 got the gradient program's recompute schedule instead of segment checkpointing (96% of the gradient's memory
 instead of 58%), and a budget under a forward program's own temp turned checkpointing off; a gradient

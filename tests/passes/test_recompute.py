@@ -182,7 +182,7 @@ def test_more_segments_cut_only_at_narrow_points():
     (measured 2.5 of 4.5 MiB at k=4; before, XLA hoisted the copies into the forward)."""
     params, batch = setup()
     closed = jax.make_jaxpr(jax.value_and_grad(loss))(params, batch)
-    from jaxform.passes.remat_program import xla_temp
+    from jaxform.plan.cost import xla_temp
     plain = xla_temp(closed)
     got = {k: xla_temp(recomputed(closed, k)) for k in (2, 4, 8)}
     assert min(got.values()) <= 0.6 * plain, (plain, got)

@@ -6,7 +6,8 @@ import pytest
 from jax import lax
 
 import jaxform
-from jaxform.passes.remat_program import AUTO_SHARE, boundaries, remat_program
+from jaxform.passes.remat_program import boundaries, remat_program
+from jaxform.plan.memory import AUTO_SHARE
 from jaxform.plan.cost import device_memory_limit
 from jaxform.ir import Graph
 

@@ -1,0 +1,172 @@
+"""The planner's memory decisions for straight-line programs: which recomputation schedule, if any.
+
+`passes.remat_program` and `passes.recompute` know *how* to make a program remember less under
+`grad` (segment checkpointing; recomputation inside an already differentiated program); whether it
+pays, and which candidate, is decided here, with XLA's own numbers:
+
+* a byte budget: the fastest candidate (by the cost model's time) whose gradient XLA measures within
+  it, for the gradient of every float input and for `jax.grad`'s default (the first argument's);
+  else a warning, and the least-memory candidate if it saves MIN_SAVING, else the program as it is;
+* `"min"`: the least memory;
+* `"auto"` (the default): a budget only where the gradient might not fit the device
+  (`cost.device_memory()`), AUTO_SHARE of it less the arguments and their gradients; the gate is the
+  bytes the program makes (no compile), so a program that fits pays nothing.
+
+Memory is measured, not predicted: the liveness model ranked checkpointed gradients wrongly (off by up
+to 2x on an MLP, docs/remat.md), so each candidate's gradient is compiled, paid only under a budget.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import jax
+import numpy as np
+
+from .. import _jax
+from ..ir import Graph
+from ..ir.sizes import nbytes
+from ..passes.recompute import is_gradient, recomputed
+from ..passes.remat_program import candidates
+from . import cost
+
+MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
+GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
+AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
+AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
+
+
+def _bytes(v) -> float:
+    b = nbytes(v.aval)
+    return 0.0 if math.isinf(b) else float(b)
+
+
+def auto_budget(graph: Graph) -> tuple[int | None, str]:
+    """memory="auto" on a straight-line program: (the byte budget the device sets, how to name it) where
+    the gradient might not fit it, else (None, ""): left alone, recomputing there only costs time."""
+    cap = cost.device_memory()
+    if cap is None:
+        return None, ""
+    budget = int(AUTO_SHARE * cap - 2 * sum(_bytes(v) for v in graph.inputs))   # arguments and gradients
+    made = sum(_bytes(o) for n in graph.nodes for o in n.outputs)
+    if budget <= 0 or AUTO_GATE * made < budget:
+        return None, ""
+    return budget, f"memory='auto' ({AUTO_SHARE:.0%} of the device's {_mib(cap)}, less the arguments)"
+
+
+def choose(closed, memory, asked: str | None = None):
+    """(name, program, XLA grad temp bytes, predicted grad seconds) for `memory`, or None to leave
+    the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
+    model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's. A budget
+    is met by the gradient with respect to every float input and, where `optimize` knows it, by
+    `jax.grad`'s default, the first argument's (XLA gives the two different temp: 8 KiB on an MLP)."""
+    asked = asked or (f"memory={memory!r}" if isinstance(memory, str) else
+                      f"memory={memory} bytes ({_mib(memory)})")
+    own, stop = recompute_choice(closed, memory, asked)
+    if own is not None or stop:
+        return own
+    plain = xla_grad_temp(closed)
+    if plain is None:
+        return None
+    budget = not isinstance(memory, str)
+    if budget and plain <= memory and (first_argument_grad_temp(closed) or 0) <= memory:
+        return None
+    scored, tried = [], 0
+    for name, prog in candidates(closed):
+        m = xla_grad_temp(prog)
+        tried += 1
+        if m is not None and m < plain:
+            scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0))
+        if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
+            break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
+    if not scored:
+        if budget:
+            _cannot_fit(asked, plain, "no segment checkpointing saves memory here (XLA measured each); left "
+                                      "as it is.")
+        return None
+    least = min(scored, key=lambda s: (s[2], s[3]))
+    if memory == "min":
+        return least
+    for s in sorted((s for s in scored if s[2] <= memory), key=lambda s: (s[3], s[2])):
+        if (first_argument_grad_temp(s[1]) or 0) <= memory:
+            return s                     # the fastest that fits both gradients
+    useful = least[2] <= (1 - MIN_SAVING) * plain
+    _cannot_fit(asked, plain, f"the least any segment checkpointing reaches is {_mib(least[2])} ({least[0]}); " +
+                ("using that." if useful else
+                 f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation)."))
+    return least if useful else None
+
+
+def first_argument_grad_temp(closed) -> int | None:
+    """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
+    `optimize` told the planner which inputs those are and they are not all of them; else None."""
+    wrt = cost.first_argument()
+    floats = [i for i in wrt if np.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
+    if not floats or len(floats) == sum(np.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
+        return None
+    gp = cost.gradient_program(closed, wrt=floats)
+    return None if gp is None else cost.xla_temp(gp)
+
+
+def _cannot_fit(asked: str, plain: int, what: str) -> None:
+    warnings.warn(f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
+                  + what + _advice(), stacklevel=_user_stacklevel())
+
+
+def recompute_choice(closed, memory, asked: str):
+    """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
+    recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
+    Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
+    gradient's candidates (the other order's) are not measured after it."""
+    if not is_gradient(closed):
+        return None, False
+    plain = cost.xla_temp(closed)
+    if plain == 0 or (not isinstance(memory, str) and plain <= memory):
+        return None, True
+    progs = [(k, p) for k in (4, 2, 8, 16) if (p := recomputed(closed, k)) is not None]
+    scored = [(f"recompute, {k} segments", p, cost.xla_temp(p), cost.estimate(p, grad=False).seconds) for k, p in progs]
+    saving = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
+    least = min(saving, key=lambda s: (s[2], s[3])) if saving else None
+    fits = [s for s in saving if memory == "min" or s[2] <= memory]
+    if fits:
+        return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
+    if memory != "min":
+        reached = min((s[2] for s in scored), default=plain)
+        warnings.warn(
+            f"jaxform: remat_program cannot fit this gradient program in {asked}: plain {_mib(plain)}, "
+            f"the least recomputation in its backward "
+            f"reaches is {reached / 2 ** 20:.2f} MiB; " + ("using that." if least else "left as it is.") +
+            _advice(), stacklevel=_user_stacklevel())
+    return least, True
+
+
+def xla_grad_temp(closed) -> int | None:
+    """XLA's temp bytes for the gradient program of `closed` (compiled here), or None."""
+    gp = cost.gradient_program(closed)
+    return None if gp is None else cost.xla_temp(gp)
+
+
+def _user_stacklevel() -> int:
+    from ..optimize import _user_stacklevel as level     # the user's line, not the planner's
+    return level() - 1
+
+
+def _advice() -> str:
+    """What to try when a budget is not met. XLA:CPU before JAX 0.12 (its concurrency-optimized
+    scheduler) reuses none of the memory recomputation frees: a transformer's gradient stayed at 76.8 MiB
+    under any checkpointing, 37 MiB with `jax.checkpoint` per block once the flag below was off."""
+    if jax.default_backend() == "cpu" and _jax.JAX_VERSION < (0, 12) and \
+            "concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+        return (" XLA:CPU before JAX 0.12 frees nothing by recomputation unless its memory scheduler is on: "
+                "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false (set before JAX starts; "
+                "docs/remat.md), or a newer JAX.")
+    return " A smaller batch, or jax.checkpoint by hand at finer points (docs/remat.md)."
+
+
+def _mib(n) -> str:
+    return f"{n / 2 ** 20:.2f} MiB"
+
+
+__all__ = ["choose", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
+           "AUTO_SHARE", "AUTO_GATE"]
