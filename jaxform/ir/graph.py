@@ -251,6 +251,21 @@ class Graph:
         self._nodes.append(node)
         return node
 
+    def copy_node(self, node: Node, inputs: Sequence[Value], *, before: Node | None = None) -> Node:
+        """A second `node` reading `inputs`: the same primitive, params, regions (shared: bodies are
+        read, not edited in place), source line and context; its effects' targets follow the inputs.
+        Unlike `add`, no abstract evaluation: call-likes (`custom_jvp_call`) have none."""
+        where = {id(v): i for i, v in enumerate(node.inputs)}
+        effects = tuple((e, inputs[where[id(t)]] if t is not None else None) for e, t in node.effects)
+        copy = Node(node.prim, inputs, [o.aval for o in node.outputs], node.params, regions=node.regions,
+                    effects=effects, source_info=node.source_info, ctx=node.ctx)
+        if before is None:
+            self._nodes.append(copy)
+        else:
+            nodes = self.nodes
+            nodes.insert(nodes.index(before), copy)
+        return copy
+
     def replace_uses(self, old: Value, new: Value) -> None:
         """Make every user of `old` (nodes and graph outputs) use `new` instead."""
         if old is new:

@@ -30,6 +30,7 @@ import types
 
 from ..ir import Graph
 from ..ir.identity import is_impure
+from ..ir.separability import CALL_LIKE
 from .remat_program import MATMULS, MIN_EQNS_PER_SEGMENT, cuts
 
 NARROW = 0.1    # a cut point is narrow within this share above the least bytes alive in its window
@@ -141,8 +142,8 @@ def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
         need.add(id(n))
         stack.extend(v.producer for v in n.inputs if v.producer is not None and v.id not in kept)
     slice_ = [n for n in seg if id(n) in need]
-    if any(n.regions for n in slice_):
-        return False                     # a call or control flow inside: left stored
+    if any(n.regions and n.name not in CALL_LIKE for n in slice_):
+        return False                     # control flow inside: left stored (a call, e.g. relu's custom_jvp, is copied)
     readers = sorted((index[id(u)], u) for r in residuals for u, _ in r.uses
                      if u is not None and index.get(id(u), -1) >= t)
     j, first = readers[0]
@@ -164,8 +165,7 @@ def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
             first.set_input(i, barrier.outputs[0])
     copy = dict(zip((v.id for v in ins), barrier.outputs[1:]))
     for n in slice_:
-        c = g.add(n.prim, [copy.get(v.id, v) for v in n.inputs], n.params, source_info=n.source_info, ctx=n.ctx,
-                  before=first)
+        c = g.copy_node(n, [copy.get(v.id, v) for v in n.inputs], before=first)
         copy.update(zip((o.id for o in n.outputs), c.outputs))
     for r in residuals:
         for u, i in list(r.uses):

@@ -51,6 +51,22 @@ def test_add_node_out_of_order_is_emitted_after_producers():
     np.testing.assert_allclose(out[1], -(jnp.sin(X) * 2 + Y))
 
 
+def test_copy_node_of_a_call_with_a_custom_rule():
+    """`copy_node` repeats a call-like node (relu is a custom_jvp_call, which has no abstract evaluation)
+    on other inputs: the same rule object, values and gradients."""
+    g = jaxform.trace(lambda x, y: jax.nn.relu(x) * y, X - 1.0, Y)
+    call = next(n for n in g.nodes if n.name == "custom_jvp_call")
+    twin = g.copy_node(call, [g.inputs[1]])
+    assert twin.regions == call.regions and twin.params == call.params and twin is not call
+    assert twin.outputs[0].aval == call.outputs[0].aval
+    g.add_output(twin.outputs[0])
+    f = g.evaluate
+    out = f(X - 1.0, Y - 2.0)
+    np.testing.assert_array_equal(out[1], jax.nn.relu(Y - 2.0))
+    np.testing.assert_array_equal(jax.grad(lambda y: f(X, y)[1].sum())(Y - 0.5), jax.grad(
+        lambda y: jax.nn.relu(y).sum())(Y - 0.5))
+
+
 def test_abstract_eval_errors_on_bad_shapes():
     g = jaxform.trace(prog, X, Y)
     with pytest.raises(TypeError):
