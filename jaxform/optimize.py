@@ -309,8 +309,9 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         (everything, as JAX does), "auto" (remat a scan body where that at least halves its
         stored bytes and the recomputation is cheap), "min" (two-level √L checkpointing) or a
         byte budget for the gradient's loop residuals. A program without loops is checkpointed in
-        segments under "min" or a budget (XLA-measured to fit; `passes.remat_program`), never under
-        "auto". Default: "auto" with the default
+        segments under "min" or a budget (XLA-measured to fit; `passes.remat_program`; a program that
+        is itself a gradient gets recomputation in its backward, `passes.recompute`), and under "auto"
+        only where its gradient would not fit the device (`plan.memory`). Default: "auto" with the default
         pipeline, None when `passes` is given or exact=True (remat is not bit-exact).
     tune: where the cost model cannot tell two candidate programs apart, time both on the
         device at the first call for a signature (interleaved, min of N, with a noise margin)

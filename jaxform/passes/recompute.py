@@ -31,7 +31,8 @@ import types
 from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.separability import CALL_LIKE
-from .remat_program import MATMULS, MIN_EQNS_PER_SEGMENT, cuts
+from .remat_program import MIN_EQNS_PER_SEGMENT, cuts
+from .remat_program import boundaries as segment_boundaries
 
 NARROW = 0.1    # a cut point is narrow within this share above the least bytes alive in its window
 
@@ -69,28 +70,12 @@ def recomputed(closed, k: int):
 
 
 def boundaries(jaxpr, k: int) -> list[int]:
-    """k - 1 cut points of the forward `jaxpr`, near equal shares of the bytes it makes, each at a narrow
-    point (bytes alive across it within NARROW of the least) anywhere within a segment's length of its
-    target (after the first and before the last half segment); ties: before a matmul, then nearest.
-    Recomputation keeps only what crosses cuts, so a cut must be where little is alive (a block's
-    output, Chen et al. 2016), however far from its share: `remat_program.boundaries`' quarter-segment
-    window put k=16 cuts inside a transformer's attention (49 MiB vs 18 MiB here, an MLP's 8 vs 1.5)."""
-    across, made = cuts(jaxpr)
-    n = len(jaxpr.eqns)
-    total = made[-1] or 1.0
-    window, guard = max(1, n // k), max(MIN_EQNS_PER_SEGMENT, n // (2 * k))
-    out: list[int] = []
-    for j in range(1, k):
-        target = next((i for i in range(n + 1) if made[i] >= total * j / k), n)
-        lo = max(out[-1] + MIN_EQNS_PER_SEGMENT if out else guard, target - window)
-        hi = min(n - guard, target + window)
-        if lo > hi:
-            continue
-        least = min(across[lo:hi + 1])
-        out.append(min(range(lo, hi + 1), key=lambda i: (across[i] > (1 + NARROW) * least, i >= n or
-                                                         jaxpr.eqns[i].primitive.name not in MATMULS,
-                                                         abs(i - target))))
-    return out
+    """`remat_program.boundaries` searched up to a whole segment either side of each share (not a quarter),
+    away from the ends by half a segment, any point within NARROW of the least bytes alive counting as
+    narrow: recomputation keeps only what crosses cuts, so a cut must be where little is alive (a block's
+    output, Chen et al. 2016), however far from its share. The quarter-segment window put k=16 cuts inside
+    a transformer's attention (49 MiB vs 18 MiB here, an MLP's 8 vs 1.5)."""
+    return segment_boundaries(jaxpr, k, reach=1.0, narrow=NARROW, guard=0.5)
 
 
 def _recomputed(closed, t, bounds, k):
