@@ -240,6 +240,9 @@ class Graph:
         node.outputs = [Value(a, node, i) for i, a in enumerate(avals)]
         node.effects = tuple((e, inputs[t] if isinstance(t := _jax.input_effect_target(e), int) else None)
                              for e in effs)
+        return self._insert(node, before)
+
+    def _insert(self, node: Node, before: Node | None) -> Node:
         if before is None:
             self._nodes.append(node)
         else:
@@ -259,12 +262,7 @@ class Graph:
         effects = tuple((e, inputs[where[id(t)]] if t is not None else None) for e, t in node.effects)
         copy = Node(node.prim, inputs, [o.aval for o in node.outputs], node.params, regions=node.regions,
                     effects=effects, source_info=node.source_info, ctx=node.ctx)
-        if before is None:
-            self._nodes.append(copy)
-        else:
-            nodes = self.nodes
-            nodes.insert(nodes.index(before), copy)
-        return copy
+        return self._insert(copy, before)
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Make every user of `old` (nodes and graph outputs) use `new` instead."""

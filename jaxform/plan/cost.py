@@ -89,6 +89,15 @@ CPU = Machine("cpu", flops=4.0e10, bandwidth=8.0e9, step=1.5e-6, launch=2.0e-7, 
 GPU = Machine("gpu", flops=4.0e14, bandwidth=2.0e12, step=3.0e-6, launch=3.0e-6, transcendental=4,
               in_loop=1.0, cache_bandwidth=2.0e12, stack_bandwidth=2.0e12, fuses_reductions=True,
               kernel_roots=True)
+@contextlib.contextmanager
+def _setting(var: contextvars.ContextVar, value):
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 _PLANNED_FOR: contextvars.ContextVar = contextvars.ContextVar("jaxform_planned_for", default=None)
 
 
@@ -99,11 +108,8 @@ def planning_for(backend: str):
     if backend not in ("cpu", "gpu", "cuda", "rocm", "tpu"):
         raise ValueError(f"jaxform: planning_for({backend!r}): a JAX backend name is expected, 'cpu' or 'gpu' "
                          "(also 'cuda', 'rocm', 'tpu', which plan with the GPU's constants).")
-    token = _PLANNED_FOR.set(CPU if backend == "cpu" else GPU)
-    try:
+    with _setting(_PLANNED_FOR, CPU if backend == "cpu" else GPU):
         yield
-    finally:
-        _PLANNED_FOR.reset(token)
 
 
 def forced_machine() -> Machine | None:
@@ -121,11 +127,8 @@ def device_memory_limit(nbytes: int):
     function is traced: a function `jax.jit` traced already keeps its program."""
     if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes <= 0:
         raise ValueError(f"jaxform: device_memory_limit({nbytes!r}): a positive number of bytes is expected.")
-    token = _DEVICE_MEMORY.set(int(nbytes))
-    try:
+    with _setting(_DEVICE_MEMORY, int(nbytes)):
         yield
-    finally:
-        _DEVICE_MEMORY.reset(token)
 
 
 def device_memory() -> int | None:
@@ -153,11 +156,8 @@ _FIRST_ARGUMENT: contextvars.ContextVar = contextvars.ContextVar("jaxform_first_
 def first_argument_is(inputs: range):
     """`optimize` tells the planner which program inputs are the traced function's first argument: what
     `jax.grad(f)` differentiates by default, the gradient a byte budget must fit besides the full one."""
-    token = _FIRST_ARGUMENT.set(inputs)
-    try:
+    with _setting(_FIRST_ARGUMENT, inputs):
         yield
-    finally:
-        _FIRST_ARGUMENT.reset(token)
 
 
 def first_argument() -> range | None:
