@@ -80,6 +80,8 @@ def boundaries(jaxpr, k: int) -> list[int]:
 
 def _recomputed(closed, t, bounds, k):
     g = Graph.from_jaxpr(closed)
+    if not eligible(g):
+        return None                      # a copy would repeat an effect (a callback) or a loop's work
     nodes = g.nodes                      # aligned with closed.jaxpr.eqns
     index = {id(n): i for i, n in enumerate(nodes)}
     edges = [0, *bounds, t]
@@ -132,12 +134,17 @@ def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
     readers = sorted((index[id(u)], u) for r in residuals for u, _ in r.uses
                      if u is not None and index.get(id(u), -1) >= t)
     j, first = readers[0]
+    # The anchor: a backward value the first reader reads, else the latest one made before it that is read
+    # at or after it (a custom_vjp's bwd may start on its residuals alone). Its reads from there on go through
+    # the barrier: XLA drops a barrier output nobody reads together with its operand, and the copies, tied to
+    # nothing then, run in the forward.
+    later = lambda v: any(u is not None and index.get(id(u), -1) >= j for u, _ in v.uses)  # noqa: E731
     anchor = next((v for v in first.inputs if v.producer is not None and index.get(id(v.producer), -1) >= t), None)
     if anchor is None:
-        before = [n for n in g.nodes if t <= index.get(id(n), -1) < j]
-        if not before:
-            return False                 # read at the turn itself: nothing to gain
-        anchor = before[-1].outputs[0]
+        anchor = next((o for n in reversed(g.nodes) if t <= index.get(id(n), -1) < j
+                       for o in n.outputs if later(o)), None)
+        if anchor is None:
+            return False                 # nothing of the backward before it to wait for: left stored
     ins = []
     for n in slice_:
         for v in n.inputs:
@@ -145,12 +152,14 @@ def _recompute(g: Graph, seg, mine, kept, residuals, index, t) -> bool:
                     and v not in ins:
                 ins.append(v)
     barrier = g.add("optimization_barrier", [anchor, *ins], before=first)
-    for i, v in enumerate(first.inputs):   # the anchor's pass-through read: else XLA drops an unused barrier
-        if v is anchor:                    # output with its operand, and hoists the copies into the forward
-            first.set_input(i, barrier.outputs[0])
+    for u, i in list(anchor.uses):
+        if u is not None and index.get(id(u), -1) >= j:
+            u.set_input(i, barrier.outputs[0])
+    index[id(barrier)] = j - 0.5         # a backward node: a later group may anchor on its pass-through
     copy = dict(zip((v.id for v in ins), barrier.outputs[1:]))
     for n in slice_:
         c = g.copy_node(n, [copy.get(v.id, v) for v in n.inputs], before=first)
+        index[id(c)] = j - 0.5
         copy.update(zip((o.id for o in n.outputs), c.outputs))
     for r in residuals:
         for u, i in list(r.uses):
