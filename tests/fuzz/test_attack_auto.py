@@ -184,7 +184,8 @@ CASES = {   # name: (fn, args, argnums, rtol)
 }
 
 
-SLOW_CASES = {"float16", "raw_key", "typed_key"}   # 5-8 s each: the fast tier keeps their siblings
+SLOW_CASES = {"float16", "raw_key", "typed_key", "weak_python_scalar", "int8_dot_int32", "special_values_wrt_x"}
+# 2.5-8 s each: the fast tier keeps one of each kind (bf16, custom rules, special values)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n
@@ -234,6 +235,7 @@ def test_effects_are_left_alone_and_keep_their_order():
     assert not jaxform_warnings(w)
 
 
+@pytest.mark.slow
 def test_transformations_of_one_optimized_function_under_a_small_device():
     """argnums alternating on repeated calls, jvp, jacfwd, vmap of grad, HVP, grad of grad."""
     P = params_()

@@ -849,6 +849,7 @@ def _optimize_every_memory(name, saves, half=True):
         assert got["min"] <= 0.75 * plain and got["auto"] < plain, (plain, got)
 
 
+@pytest.mark.slow
 def test_second_attack_optimize_every_memory_setting():
     _optimize_every_memory("jit_and_checkpoint_inside", saves=True, half=False)   # a byte budget: below
 
