@@ -118,50 +118,8 @@ def mlp(params, x, act=jax.nn.gelu):
     return jnp.mean(h.astype(jnp.float32) ** 2)
 
 
-def mixed(params, x):        # bfloat16 weights and activations, float32 accumulation
-    h = x
-    for W, b in params:
-        z = lax.dot(h, W, preferred_element_type=jnp.float32) + b.astype(jnp.float32)
-        h = jax.nn.gelu(z).astype(jnp.bfloat16)
-    return jnp.mean(h.astype(jnp.float32) ** 2)
-
-
-def int8net(params, xi, wi):  # int8 x int8 -> int32, then a differentiable float network
-    h = lax.dot(xi, wi, preferred_element_type=jnp.int32).astype(jnp.float32) / 100.0
-    return mlp(params, h)
-
-
-def dropout(params, x, key):
-    h = x
-    for i, (W, b) in enumerate(params):
-        h = jax.nn.gelu(h @ W + b)
-        keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.8, h.shape)
-        h = lax.select(keep, h / 0.8, jnp.zeros_like(h))
-    return jnp.mean(h ** 2)
-
-
-def weak(params, x, s):
-    h = x
-    for W, b in params:
-        h = jnp.tanh(h @ W + b) * s + 2.0
-    return jnp.mean(h ** 2) * s
-
-
-@jax.custom_vjp
-def my_tanh(x):
-    return jnp.tanh(x)
-
-
-my_tanh.defvjp(lambda x: (jnp.tanh(x), (jnp.tanh(x), jnp.cos(x))),
-               lambda res, g: (g * (1 - res[0] * res[0]) + 0.0 * res[1],))
-
-
-@jax.custom_jvp
-def softplus(x):
-    return jnp.logaddexp(x, 0.0)
-
-
-softplus.defjvps(lambda t, ans, x: t * jax.nn.sigmoid(x))
+from fuzz.test_attack_recompute import dropout, int8net, mixed, my_tanh, softplus, weak  # noqa: E402 (the first
+# attack's networks: bf16 with f32 accumulation, int8 -> int32, dropout with a key, weak scalars, custom rules)
 
 
 X = jnp.asarray(R.randn(64, 32), jnp.float32)
