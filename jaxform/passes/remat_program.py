@@ -25,7 +25,6 @@ unchanged: `jax.checkpoint` only changes what differentiation stores.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import numpy as np
@@ -33,7 +32,7 @@ import numpy as np
 from .. import _jax
 from ..ir import Graph
 from ..ir.identity import is_impure
-from ..ir.sizes import nbytes
+from ..plan.cost import value_bytes
 from . import register
 
 MIN_EQNS_PER_SEGMENT = 4
@@ -90,11 +89,6 @@ def _eligible(graph: Graph) -> bool:
 
 # ---- candidates ------------------------------------------------------------------------
 
-def _var_bytes(v) -> float:
-    b = nbytes(v.aval)
-    return 0.0 if math.isinf(b) else float(b)
-
-
 def cuts(jaxpr) -> tuple[list[float], list[float]]:
     """Per equation index i: bytes alive across a cut before equation i (made earlier, read at or
     after i), and bytes made by equations before i (a proxy for what AD stores up to there)."""
@@ -112,15 +106,15 @@ def cuts(jaxpr) -> tuple[list[float], list[float]]:
     delta = [0.0] * (len(eqns) + 2)
     for v, i in made_at.items():
         if v in last and not _jax.is_dropvar(v):
-            delta[i + 1] += _var_bytes(v)
-            delta[last[v] + 1] -= _var_bytes(v)
+            delta[i + 1] += value_bytes(v)
+            delta[last[v] + 1] -= value_bytes(v)
     across, made, live, total = [], [], 0.0, 0.0
     for i in range(len(eqns) + 1):
         live += delta[i]
         across.append(live)
         made.append(total)
         if i < len(eqns):
-            total += sum(_var_bytes(v) for v in eqns[i].outvars if not _jax.is_dropvar(v))
+            total += sum(value_bytes(v) for v in eqns[i].outvars if not _jax.is_dropvar(v))
     return across, made
 
 

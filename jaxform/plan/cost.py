@@ -205,7 +205,8 @@ def has_loops(g: Graph) -> bool:
 
 # ---- memory ------------------------------------------------------------------------
 
-def _bytes(v: Value) -> float:
+def value_bytes(v) -> float:
+    """Bytes of a value (a Graph `Value` or a jaxpr var); 0 for a size XLA does not know."""
     b = nbytes(v.aval)
     return 0.0 if math.isinf(b) else float(b)
 
@@ -250,11 +251,11 @@ def node_temp(n: Node, m: Machine) -> float:
     if n.name == "scan":
         body = n.regions["body"]
         nc, nk = n.params["num_consts"], n.params["num_carry"]
-        carry = sum(_bytes(v) * (1 if _updated_in_place(body, nc + j, j) else 2)
+        carry = sum(value_bytes(v) * (1 if _updated_in_place(body, nc + j, j) else 2)
                     for j, v in enumerate(n.inputs[nc:nc + nk]))
         return carry + temp_bytes(body, m)
     if n.name == "while":
-        carry = sum(_bytes(v) for v in n.outputs)
+        carry = sum(value_bytes(v) for v in n.outputs)
         return 2 * carry + max((temp_bytes(g, m) for g in n.subgraphs()), default=0.0)
     return max((temp_bytes(g, m) for g in n.subgraphs()), default=0.0)
 
@@ -278,7 +279,7 @@ def temp_bytes(g: Graph, m: Machine | None = None) -> float:
         made = 0.0
         for o in n.outputs:
             if o.id not in root and not o.is_output and o.uses and _materialized(o, m):
-                sizes[o.id] = b = _bytes(o)
+                sizes[o.id] = b = value_bytes(o)
                 made += b
         peak = max(peak, live + made + node_temp(n, m))
         live += made
@@ -332,7 +333,7 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
     if n.name == "scan":
         body = n.regions["body"]
         nk = n.params["num_carry"]
-        stacked = sum(_bytes(v) for v in body.outputs[nk:]) / m.stack_bandwidth
+        stacked = sum(value_bytes(v) for v in body.outputs[nk:]) / m.stack_bandwidth
         return n.params["length"] * (seconds(body, m, True) + stacked + m.step + m.launch * _kernels(body, m, nk))
     if n.name == "while":
         return sum(seconds(g, m, True) + m.step + m.launch * _kernels(g, m) for g in n.subgraphs())
@@ -358,10 +359,10 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
         # what moves is the slice, not the buffer (a for_loop's `r[i + 1] += r[i]` on 100k rows); a write
         # costs what a stacked result's row costs (XLA writes a scan's ys with this same update)
         if n.name == "dynamic_update_slice":
-            return _bytes(n.inputs[1]) / m.stack_bandwidth
-        return max(m.in_loop * flops / m.flops, 2.0 * _bytes(n.outputs[0]) / m.cache_bandwidth)
-    moved = sum(_bytes(o) for o in n.outputs if _materialized(o, m))
-    moved += sum(_bytes(v) for v in {v.id: v for v in n.inputs}.values()
+            return value_bytes(n.inputs[1]) / m.stack_bandwidth
+        return max(m.in_loop * flops / m.flops, 2.0 * value_bytes(n.outputs[0]) / m.cache_bandwidth)
+    moved = sum(value_bytes(o) for o in n.outputs if _materialized(o, m))
+    moved += sum(value_bytes(v) for v in {v.id: v for v in n.inputs}.values()
                  if n.name not in FUSIBLE or v.producer is None or _materialized(v, m))   # fused ones stay in registers
     if in_loop:
         return max(m.in_loop * flops / m.flops, moved / m.cache_bandwidth)

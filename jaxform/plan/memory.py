@@ -17,7 +17,6 @@ to 2x on an MLP, docs/remat.md), so each candidate's gradient is compiled, paid 
 """
 from __future__ import annotations
 
-import math
 import os
 import warnings
 
@@ -26,7 +25,6 @@ import numpy as np
 
 from .. import _jax
 from ..ir import Graph
-from ..ir.sizes import nbytes
 from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_program import candidates
 from . import cost
@@ -37,19 +35,14 @@ AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted 
 AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
 
 
-def _bytes(v) -> float:
-    b = nbytes(v.aval)
-    return 0.0 if math.isinf(b) else float(b)
-
-
 def auto_budget(graph: Graph) -> tuple[int | None, str]:
     """memory="auto" on a straight-line program: (the byte budget the device sets, how to name it) where
     the gradient might not fit it, else (None, ""): left alone, recomputing there only costs time."""
     cap = cost.device_memory()
     if cap is None:
         return None, ""
-    budget = int(AUTO_SHARE * cap - 2 * sum(_bytes(v) for v in graph.inputs))   # arguments and gradients
-    made = sum(_bytes(o) for n in graph.nodes for o in n.outputs)
+    budget = int(AUTO_SHARE * cap - 2 * sum(cost.value_bytes(v) for v in graph.inputs))   # arguments and gradients
+    made = sum(cost.value_bytes(o) for n in graph.nodes for o in n.outputs)
     if budget <= 0 or AUTO_GATE * made < budget:
         return None, ""
     return budget, f"memory='auto' ({AUTO_SHARE:.0%} of the device's {_mib(cap)}, less the arguments)"
@@ -109,9 +102,9 @@ def first_argument_grad_temp(closed) -> int | None:
     return None if gp is None else cost.xla_temp(gp)
 
 
-def _cannot_fit(asked: str, plain: int, what: str) -> None:
-    warnings.warn(f"jaxform: remat_program cannot fit this program's gradient in {asked}: plain {_mib(plain)}, "
-                  + what + _advice(), stacklevel=_user_stacklevel())
+def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient") -> None:
+    warnings.warn(f"jaxform: remat_program cannot fit {subject} in {asked}: plain {_mib(plain)}, " + what + _advice(),
+                  stacklevel=_user_stacklevel())
 
 
 def recompute_choice(closed, memory, asked: str):
@@ -133,11 +126,8 @@ def recompute_choice(closed, memory, asked: str):
         return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
     if memory != "min":
         reached = min((s[2] for s in scored), default=plain)
-        warnings.warn(
-            f"jaxform: remat_program cannot fit this gradient program in {asked}: plain {_mib(plain)}, "
-            f"the least recomputation in its backward "
-            f"reaches is {reached / 2 ** 20:.2f} MiB; " + ("using that." if least else "left as it is.") +
-            _advice(), stacklevel=_user_stacklevel())
+        _cannot_fit(asked, plain, f"the least recomputation in its backward reaches is {_mib(reached)}; " +
+                    ("using that." if least else "left as it is."), subject="this gradient program")
     return least, True
 
 
