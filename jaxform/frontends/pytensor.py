@@ -550,13 +550,9 @@ def _register_pymc_ops(tb, st):
             raise ConversionError(f"jaxform: {_where(node)} splits axis {axis} of length {x.shape[axis]} into "
                                   f"sizes {sizes}, which must be {node.op.len_splits} non-negative sizes summing "
                                   "to that length. Fix the split sizes.")
-        outs, lo = [], 0
-        for n in sizes:
-            start, limit = [0] * x.ndim, list(x.shape)
-            start[axis], limit[axis] = lo, lo + n
-            outs.append(cv.b.slice(x, start, limit))
-            lo += n
-        return outs
+        if len(sizes) > 1:
+            return cv.b.bind("split", x, sizes=tuple(sizes), axis=axis)
+        return [x]
 
     @register(extra_ops.CumOp)
     def cumop(cv, node, x):
@@ -1104,7 +1100,13 @@ def _invert(b, dts, x):
 @register_scalar("Clip")
 def _clip(b, dts, x, lo, hi):
     x, lo, hi = _full(b, [b.convert(v, dts[0]) for v in (x, lo, hi)])
-    return b.min(b.max(x, lo), hi)  # numpy.clip semantics (hi wins when lo > hi)
+    # PyTensor's values (`x < lo ? lo : x > hi ? hi : x`): lo wins where lo > hi (numpy.clip gives hi), NaN
+    # stays NaN. The gradient splits a tie 0.5/0.5 (JAX's max/min), where PyTensor's pullback sends it all to
+    # x: a GP's clipped squared distances are 0 on the diagonal, where their derivative is exactly 0, but
+    # under jit on JAX 0.10.2 a select there gets 0.39, and the tie passes it on (PyMC 5.28's own JAX backend
+    # gives dlogp/d log(ell) -8.58 where the finite difference is -0.62; max/min give -0.62). The price: at
+    # x == lo with zeros of two signs, the result's sign is XLA's max's, not x's (clip(-0.0, 0.0, 1) is 0.0)
+    return b.max(b.min(x, hi), lo)
 
 
 @register_scalar("IsNan")
