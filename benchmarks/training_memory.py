@@ -157,7 +157,8 @@ def batch_figure(budget=2 ** 30):
 
 
 def sweep():
-    from jaxform.passes.remat_loops import MAX_FLOPS_PER_SAVED_BYTE, plan
+    from jaxform.passes.remat_loops import plan
+    from jaxform.plan.memory import MAX_FLOPS_PER_SAVED_BYTE
     print(f"\n(sweep) carry-only remat vs keep, RNN + MSE gradient; 'auto' remats at <= {MAX_FLOPS_PER_SAVED_BYTE} "
           "FLOP per saved byte")
     print(f"  {'L, B, H':>16s} {'FLOP/B':>7s} {'keep ms':>8s} {'remat ms':>9s} {'remat/keep':>10s} {'auto':>6s}")

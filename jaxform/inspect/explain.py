@@ -188,9 +188,10 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
 
 def loop_plans(graph: Graph, memory) -> list[dict]:
     """Per scan: the schedule `remat_loops` picks under `memory`, or why the loop is left as is."""
-    from ..passes.remat_loops import choose, plan, reschedulable_why
+    from ..passes.remat_loops import plan, reschedulable_why
+    from ..plan.memory import loop_schedules
     plans = plan(graph)
-    choose(plans, memory)
+    loop_schedules(plans, memory)
     out = [{"where": program.short_location(n.location()) if n.location() else "", "length": p.length,
             "schedule": p.schedule, "predicted": (p.predicted_bytes("keep"), p.predicted_bytes()),
             "recompute": p.recompute(), "why": ""} for _, n, p in plans]

@@ -17,7 +17,8 @@ such buffer. This pass rewrites each scan (before AD sees it: it works for
             carry per chunk, the inner one a carry per step of one chunk
             (√L * C * 2 + R bytes, two extra forwards).
 
-The cost model (R: residual bytes per step, measured by asking JAX for the
+Which schedule each loop gets is the planner's decision (`plan.memory.loop_schedules`); this
+module measures a loop (`plan`) and rewrites it. The cost model (R: residual bytes per step, measured by asking JAX for the
 body's VJP residuals that are not loop constants or xs slices; C: the same for
 the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
 loss accumulator that is only added to is not one):
@@ -60,12 +61,6 @@ from . import register, revolve
 
 SCHEDULES = ("keep", "remat", "sqrt", "revolve")
 TABLE_BYTES_PER_STEP = 16   # revolve's action table: about 4 int32 rows per step
-SQRT_MIN_LENGTH = 16
-# "auto" remats a body only where recomputing it costs at most this many FLOPs per byte it stops
-# storing. Measured on CPU (benchmarks/training_memory.py --sweep, docs/remat.md): at 37-81 FLOP/B
-# remat took 0.81-1.04x the time of keeping everything (JAX 0.10.2 and 0.12.0.1), at 137-529 FLOP/B
-# 1.13-1.31x: the body is then compute-bound. Untested on GPU, where the balance point is higher.
-MAX_FLOPS_PER_SAVED_BYTE = 100
 
 
 @dataclass
@@ -109,8 +104,9 @@ def remat_loops(graph: Graph, memory="auto") -> Graph:
     if memory is None:
         return graph
     check_memory(memory)
+    from ..plan.memory import loop_schedules   # the decision is the planner's (plan/ imports passes/)
     plans = plan(graph)
-    choose(plans, memory)
+    loop_schedules(plans, memory)
     for owner, node, p in plans:
         if p.schedule != "keep":
             _rewrite(owner, node, p)
@@ -147,6 +143,7 @@ def with_memory(memory):
 
 def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
     """Every scan that can be rescheduled (innermost first), the graph holding it, its measured costs."""
+    from ..plan.cost import graph_flops
     out = []
     for node in list(graph.nodes):
         for sub in node.subgraphs():
@@ -154,64 +151,8 @@ def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
         if node.name == "scan" and _reschedulable(node):
             loop = ScanLoop(node)
             out.append((graph, node, LoopPlan(loop.length, _residual_bytes(loop), _residual_bytes(loop, remat=True),
-                                              body_flops(loop.body), all_float=_all_float(loop))))
+                                              graph_flops(loop.body), all_float=_all_float(loop))))
     return out
-
-
-def choose(plans: list[tuple[Graph, Node, LoopPlan]], memory) -> None:
-    for *_, p in plans:
-        if memory == "auto":
-            saved = p.residual_bytes - p.carry_bytes
-            cheap = p.flops <= MAX_FLOPS_PER_SAVED_BYTE * saved
-            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and cheap else "keep"
-        elif memory == "min":
-            p.schedule = "sqrt" if p.length >= SQRT_MIN_LENGTH else "remat"
-        else:
-            p.schedule = "keep"
-    if memory in ("auto", "min"):
-        return
-    # A budget: upgrade the loops that save the most bytes until the total fits.
-    for target in ("remat", "sqrt"):
-        total = sum(p.predicted_bytes() for *_, p in plans)
-        for p in sorted((p for *_, p in plans), key=lambda p: _saving(p, target), reverse=True):
-            if total <= memory:
-                return
-            if target == "sqrt" and p.length < SQRT_MIN_LENGTH:
-                continue
-            total -= p.predicted_bytes() - p.predicted_bytes(target)
-            p.schedule = target
-    # Still over: binomial checkpointing, sharing what is left of the budget by loop length.
-    over = [p for _, _, p in plans if p.schedule == "sqrt" and p.all_float]
-    if not over or sum(p.predicted_bytes() for *_, p in plans) <= memory:
-        return
-    rest = memory - sum(p.predicted_bytes() for _, _, p in plans if p not in over)
-    steps = sum(p.length for p in over)
-    for p in over:
-        share = max(rest, 0) * p.length / steps - p.residual_bytes - TABLE_BYTES_PER_STEP * p.length
-        p.slots = int(max(1, min(share // max(2 * p.carry_bytes, 1), 2 * math.isqrt(p.length))))
-        if p.predicted_bytes("revolve") < p.predicted_bytes("sqrt"):
-            p.schedule = "revolve"
-
-
-def _saving(p: LoopPlan, target: str) -> int:
-    return p.predicted_bytes() - p.predicted_bytes(target)
-
-
-def body_flops(g: Graph) -> int:
-    """A per-step FLOP estimate: 2·M·N·K for dot_general, one per output element elsewhere, loops × length."""
-    total = 0
-    for n in g.nodes:
-        out = sum(int(np.prod(o.aval.shape)) for o in n.outputs)
-        if n.name == "dot_general":
-            (lc, _), _ = n.params["dimension_numbers"]
-            total += 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
-        elif n.name in ("conv_general_dilated",):
-            total += 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
-        elif n.name == "scan":
-            total += n.params["length"] * body_flops(n.regions["body"])
-        else:
-            total += out + sum(body_flops(sub) for sub in n.subgraphs())
-    return total
 
 
 def _all_float(loop: ScanLoop) -> bool:

@@ -343,11 +343,8 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
     if subs:
         return sum(seconds(g, m, in_loop) for g in subs)
     out = sum(_size(o) for o in n.outputs)
-    if n.name == "dot_general":
-        (lc, _), _ = n.params["dimension_numbers"]
-        flops = 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
-    elif n.name == "conv_general_dilated":
-        flops = 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
+    if n.name in ("dot_general", "conv_general_dilated"):
+        flops = _contraction_flops(n, out)
     elif n.name in TRANSCENDENTAL:
         flops = max(m.transcendental, HEAVY.get(n.name, 0) if m.name == "cpu" else 0) * out
     elif n.name in IN_PLACE:
@@ -367,6 +364,29 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
     if in_loop:
         return max(m.in_loop * flops / m.flops, moved / m.cache_bandwidth)
     return max(flops / m.flops, moved / m.bandwidth)
+
+
+def _contraction_flops(n: Node, out: int) -> int:
+    """2·M·N·K for a dot_general (out = M·N), 2·out·(kernel size) for a convolution."""
+    if n.name == "dot_general":
+        (lc, _), _ = n.params["dimension_numbers"]
+        return 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
+    return 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
+
+
+def graph_flops(g: Graph) -> int:
+    """FLOPs of one run of `g`, unweighted: contractions as `_contraction_flops`, one per output element
+    elsewhere, loops times their length (what recomputing a loop body costs, for `plan.memory`)."""
+    total = 0
+    for n in g.nodes:
+        out = sum(_size(o) for o in n.outputs)
+        if n.name in ("dot_general", "conv_general_dilated"):
+            total += _contraction_flops(n, out)
+        elif n.name == "scan":
+            total += n.params["length"] * graph_flops(n.regions["body"])
+        else:
+            total += out + sum(graph_flops(sub) for sub in n.subgraphs())
+    return total
 
 
 def seconds(g: Graph, m: Machine | None = None, in_loop: bool = False) -> float:

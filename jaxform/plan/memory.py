@@ -1,4 +1,12 @@
-"""The planner's memory decisions for straight-line programs: which recomputation schedule, if any.
+"""The planner's memory decisions: which schedule each loop gets (`loop_schedules`, for
+`passes.remat_loops`) and, for straight-line programs, which recomputation schedule, if any.
+
+Loops, from `remat_loops.plan`'s measurements (R residual and C carry bytes per step, F FLOPs per step):
+`"auto"` remats where R >= 2 C and F <= MAX_FLOPS_PER_SAVED_BYTE per byte no longer stored; `"min"`
+takes √L checkpointing from SQRT_MIN_LENGTH steps (remat below); a byte budget upgrades the loops that
+save the most (keep -> remat -> sqrt) until the predicted total fits, then binomial checkpointing.
+
+Straight-line programs:
 
 `passes.remat_program` and `passes.recompute` know *how* to make a program remember less under
 `grad` (segment checkpointing; recomputation inside an already differentiated program); whether it
@@ -17,6 +25,7 @@ to 2x on an MLP, docs/remat.md), so each candidate's gradient is compiled, paid 
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -26,13 +35,55 @@ import numpy as np
 from .. import _jax
 from ..ir import Graph
 from ..passes.recompute import is_gradient, recomputed
+from ..passes.remat_loops import TABLE_BYTES_PER_STEP
 from ..passes.remat_program import candidates
 from . import cost
 
+SQRT_MIN_LENGTH = 16
+# "auto" remats a loop body only where recomputing it costs at most this many FLOPs per byte it stops
+# storing. Measured on CPU (benchmarks/training_memory.py --sweep, docs/remat.md): at 37-81 FLOP/B
+# remat took 0.81-1.04x the time of keeping everything (JAX 0.10.2 and 0.12.0.1), at 137-529 FLOP/B
+# 1.13-1.31x: the body is then compute-bound. Untested on GPU, where the balance point is higher.
+MAX_FLOPS_PER_SAVED_BYTE = 100
 MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
 GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
 AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
 AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
+
+
+def loop_schedules(plans: list, memory) -> None:
+    """Set each `remat_loops.LoopPlan`'s schedule (and revolve's slots) for `memory`: "auto", "min" or a
+    byte budget (`plans`: `remat_loops.plan(graph)`, innermost loops first)."""
+    loops = [p for *_, p in plans]
+    for p in loops:
+        if memory == "auto":
+            cheap = p.flops <= MAX_FLOPS_PER_SAVED_BYTE * (p.residual_bytes - p.carry_bytes)
+            p.schedule = "remat" if p.residual_bytes >= 2 * p.carry_bytes and cheap else "keep"
+        elif memory == "min":
+            p.schedule = "sqrt" if p.length >= SQRT_MIN_LENGTH else "remat"
+        else:
+            p.schedule = "keep"
+    if memory in ("auto", "min"):
+        return
+    total = lambda: sum(p.predicted_bytes() for p in loops)  # noqa: E731
+    # a budget: upgrade the loops that save the most bytes until the total fits
+    for target in ("remat", "sqrt"):
+        for p in sorted(loops, key=lambda p: p.predicted_bytes() - p.predicted_bytes(target), reverse=True):
+            if total() <= memory:
+                return
+            if target != "sqrt" or p.length >= SQRT_MIN_LENGTH:
+                p.schedule = target
+    # still over: binomial checkpointing, sharing what is left of the budget by loop length
+    over = [p for p in loops if p.schedule == "sqrt" and p.all_float]
+    if not over or total() <= memory:
+        return
+    rest = memory - sum(p.predicted_bytes() for p in loops if p not in over)
+    steps = sum(p.length for p in over)
+    for p in over:
+        share = max(rest, 0) * p.length / steps - p.residual_bytes - TABLE_BYTES_PER_STEP * p.length
+        p.slots = int(max(1, min(share // max(2 * p.carry_bytes, 1), 2 * math.isqrt(p.length))))
+        if p.predicted_bytes("revolve") < p.predicted_bytes("sqrt"):
+            p.schedule = "revolve"
 
 
 def auto_budget(graph: Graph) -> tuple[int | None, str]:

@@ -221,8 +221,8 @@ def test_budget_picks_cheapest_schedule_that_fits():
                          (p.predicted_bytes("sqrt"), "sqrt"), (1, "revolve")]:
         g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
         plans = plan(g)
-        from jaxform.passes.remat_loops import choose
-        choose(plans, budget)
+        from jaxform.plan.memory import loop_schedules
+        loop_schedules(plans, budget)
         assert plans[0][2].schedule == want
 
 
@@ -334,9 +334,9 @@ def test_tight_budget_picks_revolve_and_fits():
     g = jaxform.trace(jaxform.optimize(rnn_mse, memory=None), *args)
     (*_, p), = plan(g)
     budget = p.predicted_bytes("sqrt") // 2
-    from jaxform.passes.remat_loops import choose
+    from jaxform.plan.memory import loop_schedules
     plans = plan(g)
-    choose(plans, budget)
+    loop_schedules(plans, budget)
     assert plans[0][2].schedule == "revolve" and plans[0][2].predicted_bytes() <= budget
 
     def temp(f):
