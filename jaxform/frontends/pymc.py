@@ -73,13 +73,18 @@ def model_graph(model, outputs=None, *, jacobian: bool = True, rewrite: bool = T
 
 
 def _value_shapes(model, inputs) -> list[tuple]:
-    """Static shapes of the value variables: their types' when fully known, else the initial point's
-    (which compiles a PyTensor function: 2 s on a 10k-node model, so only when needed)."""
+    """Static shapes of the value variables: their types' when fully known, else PyMC's shape graph's
+    (`eval_rv_shapes`, a small function of shapes: 5 ms where the initial point took 9-21 ms of a 45 ms
+    conversion of the 8k-row hierarchical logistic), else the initial point's."""
     known = [tuple(v.type.shape) for v in inputs]
     if all(None not in s for s in known):
         return known
-    point = model.initial_point()
-    return [np.shape(point[v.name]) for v in inputs]
+    try:
+        shapes = model.eval_rv_shapes()
+        return [tuple(int(d) for d in shapes[v.name]) for v in inputs]
+    except Exception:   # noqa: BLE001 (a model PyMC's shape graph cannot evaluate: the initial point can)
+        point = model.initial_point()
+        return [np.shape(point[v.name]) for v in inputs]
 
 
 def logp_fn(model, *, jacobian: bool = True, rewrite: bool = True, jit: bool = True) -> Callable:
