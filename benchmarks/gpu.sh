@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The loop benchmarks on a GPU machine, each bounded in time, each log in $OUT (or /tmp/gpu-bench).
-# Run from the repository root on a machine whose python3 has JAX with CUDA:  bash benchmarks/gpu.sh
+# Benchmarks on a GPU machine, each bounded in time, each log in $OUT (or /tmp/gpu-bench).
+# Run from the repository root on a machine whose python3 has JAX with CUDA (and Flax, optax for "budget"):
+#   bash benchmarks/gpu.sh           the loop benchmarks
+#   bash benchmarks/gpu.sh budget    issue 30's byte budgets: the transformer at issue 30's size, both
+#                                    orders, the ResNet and the largest batches, then the planner's quick set
 OUT=${OUT:-/tmp/gpu-bench}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PY:-python3}
 run() { local name=$1 limit=$2; shift 2
   echo "== $name ($*)"; timeout "$limit" "$PY" "$@" > "$OUT/$name.txt" 2>&1; echo "   rc $? after ${SECONDS}s"; tail -3 "$OUT/$name.txt"; }
 nvidia-smi -L; $PY -c "import jax, jaxform; print(jax.__version__, jax.devices())" || exit 1
+if [ "${1:-loops}" = budget ]; then
+  run budget_big 240 benchmarks/memory_budget.py --big --quick
+  run budget_grad_first 120 benchmarks/memory_budget.py --grad-first --quick
+  run budget_resnet_batch 100 benchmarks/memory_budget.py --resnet --quick
+  run planner 60 benchmarks/planner.py --quick --no-transformer
+  exit
+fi
 run calibrate 60 benchmarks/calibrate.py
 run loops 130 benchmarks/loops.py --quick
 run scan_reductions 80 benchmarks/scan_reductions.py --quick
