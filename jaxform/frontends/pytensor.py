@@ -1100,13 +1100,13 @@ def _invert(b, dts, x):
 @register_scalar("Clip")
 def _clip(b, dts, x, lo, hi):
     x, lo, hi = _full(b, [b.convert(v, dts[0]) for v in (x, lo, hi)])
-    # PyTensor's values (`x < lo ? lo : x > hi ? hi : x`): lo wins where lo > hi (numpy.clip gives hi), NaN
-    # stays NaN. The gradient splits a tie 0.5/0.5 (JAX's max/min), where PyTensor's pullback sends it all to
-    # x: a GP's clipped squared distances are 0 on the diagonal, where their derivative is exactly 0, but
-    # under jit on JAX 0.10.2 a select there gets 0.39, and the tie passes it on (PyMC 5.28's own JAX backend
-    # gives dlogp/d log(ell) -8.58 where the finite difference is -0.62; max/min give -0.62). The price: at
-    # x == lo with zeros of two signs, the result's sign is XLA's max's, not x's (clip(-0.0, 0.0, 1) is 0.0)
-    return b.max(b.min(x, hi), lo)
+    # exactly PyTensor's `x < lo ? lo : x > hi ? hi : x` (its C code and JAX backend), not numpy.clip: where
+    # lo > hi, lo below lo and hi from lo up; a NaN bound clips nothing; x's own zero sign at a bound; the
+    # gradient reaches x in full at x == lo or hi. As max/min these all differed (found by an attack).
+    # Under jit, XLA's reverse mode gives a GP's clipped squared distances a derivative of O(1) at exact
+    # zeros (duplicated inputs, the diagonal) where the true one is 0, with a select (PyTensor's JAX backend
+    # too) and with max/min alike: docs/builder.md
+    return b.select_n(b.lt(x, lo), b.select_n(b.gt(x, hi), x, hi), lo)
 
 
 @register_scalar("IsNan")

@@ -353,34 +353,35 @@ def test_split_is_one_split_primitive_not_slices():
 
 @pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
 def test_clip_is_pytensors_clip_values_and_gradient(rewrite):
-    """Clip takes PyTensor's values (`x < lo ? lo : x > hi ? hi : x`, its C code and JAX backend), not
-    numpy.clip's: lo wins where lo > hi (as min(max(x, lo), hi) it gave hi); NaN stays NaN. The gradient is
-    PyTensor's away from ties; at x == lo or hi it splits 0.5/0.5 as JAX's max/min do (the converter's note
-    says why: a GP's diagonal)."""
-    x, lo, hi = T("x", 6), T("lo", 6), T("hi", 6)
+    """Clip is PyTensor's (`x < lo ? lo : x > hi ? hi : x`, its C code and JAX backend), not numpy.clip's
+    min(max(x, lo), hi), which jaxform used: where lo > hi, lo below lo and hi from lo up; a NaN bound
+    clips nothing; the sign of x's zero at a bound; the gradient reaches x in full at x == lo or hi."""
+    x, lo, hi = T("x", 8), T("lo", 8), T("hi", 8)
     out = pt.clip(x, lo, hi)
-    loss = (out * np.arange(1.0, 7.0)).sum()
+    loss = (out * np.arange(1.0, 9.0)).sum()
     grads = pytensor.grad(loss, [x, lo, hi])
-    xv = np.array([0.0, 0.5, 5.0, np.nan, -3.0, 7.0])
-    lov = np.array([0.0, 0.0, 10.0, 0.0, -1.0, 0.0])
-    hiv = np.array([1.0, 1.0, 3.0, 1.0, 4.0, 2.0])
+    xv = np.array([0.0, 0.5, 2.0, 5.0, np.nan, 7.0, -0.0, 1.0])
+    lov = np.array([0.0, 0.0, 10.0, 3.0, 0.0, np.nan, 0.0, 0.0])
+    hiv = np.array([1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0, np.nan])
     want = pytensor.function([x, lo, hi], out, mode="FAST_COMPILE")(xv, lov, hiv)
-    np.testing.assert_array_equal(want, [0.0, 0.5, 10.0, np.nan, -1.0, 2.0])   # PyTensor's own answer
+    np.testing.assert_array_equal(want, [0.0, 0.5, 10.0, 1.0, np.nan, 2.0, -0.0, 1.0])   # PyTensor's own
     stats = {}
     f = to_function(jpt.to_graph([x, lo, hi], out, rewrite=rewrite, stats=stats))
     assert stats["fallback"] == 0, stats
-    np.testing.assert_array_equal(np.asarray(f(xv, lov, hiv)), want)
+    got = np.asarray(f(xv, lov, hiv))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     fc = to_function(jpt.to_graph([x, lo, hi], loss, rewrite=rewrite))
     xf = np.where(np.isnan(xv), 0.5, xv)
     got = [np.asarray(o) for o in jax.grad(fc, argnums=(0, 1, 2))(xf, lov, hiv)]
     ref = pytensor.function([x, lo, hi], grads, mode="FAST_COMPILE")(xf, lov, hiv)
-    # away from ties and where lo <= hi, PyTensor's gradient; where lo > hi PyTensor's pullback sends the
-    # gradient to both lo and hi though the value is lo's: ours to lo only
-    plain = np.array([False, True, False, True, True, True])
+    # PyTensor's gradient, ties included (entry 0: x == lo gets it all), lo > hi included (entries 2, 3),
+    # except at a NaN hi (entry 7), where PyTensor's pullback sends x nothing though the value is x: ours x
+    keep = np.arange(8) != 7
     for o, w in zip(got, ref):
-        np.testing.assert_array_equal(o[plain], w[plain])
-    assert [o[2] for o in got] == [0.0, 3.0, 0.0] and ref[1][2] == ref[2][2] == 3.0
-    assert [o[0] for o in got] == [0.5, 0.5, 0.0] and [w[0] for w in ref] == [1.0, 0.0, 0.0]   # the tie
+        np.testing.assert_array_equal(o[keep], w[keep])
+    assert [o[7] for o in got] == [8.0, 0.0, 0.0] and ref[0][7] == 0.0
+    assert [o[0] for o in got] == [1.0, 0.0, 0.0]
 
 
 def test_split_bad_sizes_is_a_clear_error():
