@@ -9,8 +9,9 @@ Per model, both paths start from the same PyMC logp graph (built once, not timed
   loop us    steady state as a sampler sees it: one value-and-grad inside a compiled `fori_loop` (numpyro's and
              blackjax's NUTS run their gradients inside XLA's while loop), each step moving the point by the last
              gradient so nothing is hoisted; K steps per timing with K chosen so one timing takes ~5 ms, interleaved
-             min of 15 rounds (order reversed every other round); A/A: the PyTensor loop timed a second time in the
-             same rounds, the spread two identical programs show here. The issue's steady-state target is read here.
+             min of 15 rounds (order reversed every other round); A/A: PyTensor's loop compiled a second time and
+             timed in the same rounds, the spread two compiles of one program show here. The issue's steady-state
+             target is read here.
   call us    one value-and-grad call of the compiled executable from Python on device arrays, interleaved min of 31
              rounds, same A/A: mostly JAX's per-call dispatch (~8 us), the same for both, which hides the program
              (XLA:CPU single-threaded for both, see below)
@@ -114,9 +115,10 @@ def _looped(vg):
 def _in_loop(model, logp, args, dev):
     """Seconds per value-and-grad inside a compiled loop, PyTensor's and jaxform's, and the A/A spread."""
     n = len(args)
+    # A/A: PyTensor's loop compiled twice, two executables (one compile to the next differs here by up to
+    # 1.5x on the LKJ model, whose LAPACK calls sit in the loop), timed in the same rounds
     exes = [_looped(jax.value_and_grad(conv(model, logp), argnums=tuple(range(n)))).lower(np.int32(1), *args)
-            .compile() for conv in (convert_pytensor, convert_jaxform)]
-    exes = [exes[0], exes[1], exes[0]]
+            .compile() for conv in (convert_pytensor, convert_jaxform, convert_pytensor)]
     for e in exes:
         jax.block_until_ready(e(np.int32(1), *dev))
     t0 = time.perf_counter()
