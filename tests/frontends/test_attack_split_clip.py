@@ -23,13 +23,6 @@ from jaxform import to_function  # noqa: E402
 from jaxform.frontends import pytensor as jpt  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
 
 REWRITE = pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
 

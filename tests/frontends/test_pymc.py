@@ -20,13 +20,6 @@ from jaxform.frontends import pymc as jpm  # noqa: E402
 from pymc_models import MODELS  # noqa: E402  (tests/frontends is on sys.path for this module)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
 
 def _points(model, k=2, seed=0):
     """The initial point and k jittered points (value-variable space)."""

@@ -18,14 +18,6 @@ from jaxform.frontends import pytensor as jpt  # noqa: E402
 from jaxform.testing import assert_same  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    """PyTensor's floatX is float64; restore JAX's flag for other test modules in this process."""
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
 
 rng = np.random.default_rng(0)
 
