@@ -18,9 +18,9 @@ such buffer. This pass rewrites each scan (before AD sees it: it works for
             (√L * C * 2 + R bytes, two extra forwards).
 
 Which schedule each loop gets is the planner's decision (`plan.memory.loop_schedules`); this
-module measures a loop (`plan`) and rewrites it. The cost model (R: residual bytes per step, measured by asking JAX for the
-body's VJP residuals that are not loop constants or xs slices; C: the same for
-the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
+module measures a loop (`plan`) and rewrites it. The cost model (R: residual bytes per step,
+measured by asking JAX for the body's VJP residuals that are not loop constants or xs slices;
+C: the same for the body under `jax.checkpoint`, i.e. the carries its recomputation reads — a
 loss accumulator that is only added to is not one):
 
     memory="auto"  remat where R >= 2 C (the stored bytes at least halve) and the
