@@ -479,7 +479,9 @@ class _Gen:
             a, b = self.fresh(), self.fresh()
             for v, flag in ((a, True), (b, bool(self.pick(2)))):
                 lines.append(f"{ind}with jax.threefry_partitionable({flag}):")
-                lines.append(f"{ind}    {v} = jax.random.uniform({key}, {shape})")
+                # float32 draws: under x64 the default is float64, which the float32 value it is added to
+                # would silently become (a float32 loop carry then no longer typechecks)
+                lines.append(f"{ind}    {v} = jax.random.uniform({key}, {shape}, jnp.float32)")
             return self.emit(lines, ind, f"{self.coerce(x, shape)} + {a} - 2.0 * {b}", shape)
         self.features.add("rng:rng_uniform")
         a, b = self.fresh("u"), self.fresh("u")
