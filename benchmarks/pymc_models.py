@@ -22,6 +22,7 @@ Ratios are jaxform / PyTensor (below 1: jaxform is faster). `multilevel_set_data
 
 Needs PyMC (PyMC 6 env: .ci/pymc6.sh builds one):  python benchmarks/pymc_models.py [--quick] [model ...]
 """
+import functools
 import os
 import sys
 import time
@@ -112,32 +113,43 @@ def _looped(vg):
     return jax.jit(run)
 
 
-def _in_loop(model, logp, args, dev):
+def _pt_jf_pt(runs, rounds):
+    """Interleaved min of `rounds` of three timed callables (ABC CBA: no program always runs first), each
+    returning how many units of work it did: seconds per unit for PyTensor (the better of its two runs) and
+    jaxform, and the spread of PyTensor's two (the A/A control, next to which the ratio is read)."""
+    best = [float("inf")] * 3
+    for r in range(rounds):
+        for i in (range(3) if r % 2 == 0 else reversed(range(3))):
+            t = time.perf_counter()
+            units = runs[i]()
+            best[i] = min(best[i], (time.perf_counter() - t) / units)
+    pt = min(best[0], best[2])
+    return pt, best[1], max(best[0], best[2]) / pt
+
+
+def _in_loop(fns, args, dev):
     """Seconds per value-and-grad inside a compiled loop, PyTensor's and jaxform's, and the A/A spread."""
     n = len(args)
     # A/A: PyTensor's loop compiled twice, two executables (one compile to the next differs here by up to
-    # 1.5x on the LKJ model, whose LAPACK calls sit in the loop), timed in the same rounds
-    exes = [_looped(jax.value_and_grad(conv(model, logp), argnums=tuple(range(n)))).lower(np.int32(1), *args)
-            .compile() for conv in (convert_pytensor, convert_jaxform, convert_pytensor)]
+    # 1.5x on the LKJ model, whose LAPACK calls sit in the loop)
+    exes = [_looped(jax.value_and_grad(f, argnums=tuple(range(n)))).lower(np.int32(1), *args).compile()
+            for f in (fns["pt"], fns["jf"], fns["pt"])]
     for e in exes:
         jax.block_until_ready(e(np.int32(1), *dev))
     t0 = time.perf_counter()
     jax.block_until_ready(exes[0](np.int32(200), *dev))
     k = int(min(max(0.005 / ((time.perf_counter() - t0) / 200), 200), 100_000))
-    best = [float("inf")] * 3
-    for r in range(LOOP_ROUNDS):
-        for i in (range(3) if r % 2 == 0 else reversed(range(3))):
-            t = time.perf_counter()
-            jax.block_until_ready(exes[i](np.int32(k), *dev))
-            best[i] = min(best[i], (time.perf_counter() - t) / k)
-    pt = min(best[0], best[2])
-    return pt, best[1], max(best[0], best[2]) / pt
+
+    def run(e):
+        jax.block_until_ready(e(np.int32(k), *dev))
+        return k
+    return _pt_jf_pt([functools.partial(run, e) for e in exes], LOOP_ROUNDS)
 
 
 def measure(model, args):
     logp = model.logp()
     n = len(args)
-    out = {}
+    out, fns = {}, {}
     for label, conv in (("pt", convert_pytensor), ("jf", convert_jaxform)):
         out[label + "_conv"] = _min(lambda: conv(model, logp), 3)
 
@@ -145,12 +157,12 @@ def measure(model, args):
             jax.clear_caches()
             jax.block_until_ready(_vg(conv(model, logp), n)(*args))
         out[label + "_first"] = _min(first, 2)
-        comp = _vg(conv(model, logp), n).lower(*args).compile()
+        fns[label] = conv(model, logp)
+        comp = _vg(fns[label], n).lower(*args).compile()
         out[label + "_exe"] = comp
         out[label + "_hlo"] = _hlo_size(comp)
         out[label + "_ops"] = _hlo_ops(comp)
-    # the same PyTensor executable timed twice as its own control ("A/A"): the spread two identical programs
-    # show on this machine, next to which the jaxform/PyTensor ratio is read
+    # per call: the same PyTensor executable timed twice as its own control ("A/A")
     exes = [out["pt_exe"], out["jf_exe"], out["pt_exe"]]
     dev = [jax.device_put(a) for a in args]
     for e in exes:
@@ -159,19 +171,14 @@ def measure(model, args):
     jax.block_until_ready(exes[0](*dev))
     per = max(time.perf_counter() - t0, 1e-6)
     reps = int(min(max(0.02 / per, 5), 2000))
-    best = [float("inf")] * 3
-    for k in range(ROUNDS):
-        for i in (range(3) if k % 2 == 0 else reversed(range(3))):   # ABC CBA: no program always runs first
-            e = exes[i]
-            t = time.perf_counter()
-            for _ in range(reps):
-                r = e(*dev)
-            jax.block_until_ready(r)
-            best[i] = min(best[i], (time.perf_counter() - t) / reps)
-    out["aa"] = max(best[0], best[2]) / min(best[0], best[2])
-    best = [min(best[0], best[2]), best[1]]
-    out["pt_steady"], out["jf_steady"] = best
-    out["pt_loop"], out["jf_loop"], out["aa_loop"] = _in_loop(model, logp, args, dev)
+
+    def calls(e):
+        for _ in range(reps):
+            r = e(*dev)
+        jax.block_until_ready(r)
+        return reps
+    out["pt_steady"], out["jf_steady"], out["aa"] = _pt_jf_pt([functools.partial(calls, e) for e in exes], ROUNDS)
+    out["pt_loop"], out["jf_loop"], out["aa_loop"] = _in_loop(fns, args, dev)
     v_pt, v_jf = exes[0](*dev)[0], exes[1](*dev)[0]
     assert np.allclose(v_pt, v_jf, rtol=1e-9, atol=1e-9), (float(v_pt), float(v_jf))
     return out
