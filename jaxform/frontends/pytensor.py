@@ -257,7 +257,7 @@ def to_graph(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     inputs = list(inputs)
     # the graph keeps its inputs' types (PyTensor's rewrites need no static shapes, and re-typing them
     # cloned the whole graph once more); the static shapes are the converted inputs'
-    static = [tuple(v.type.shape) for v in _static_inputs(inputs, shapes)]
+    static = _static_shapes(inputs, shapes)
     t0 = time.perf_counter()
     with gc_paused():  # no cyclic garbage is made here; full collections over PyTensor's graph were 1/3 of it
         fg = FunctionGraph(inputs, [pt.as_tensor_variable(o) for o in outs], clone=rewrite)
@@ -293,8 +293,8 @@ def function(inputs: Sequence, outputs, *, shapes: dict | Sequence | None = None
     return jax.jit(f) if jit else f
 
 
-def _static_inputs(inputs, shapes):
-    import pytensor.tensor as pt
+def _static_shapes(inputs, shapes) -> list[tuple[int, ...]]:
+    """Each input's static shape: its PyTensor type's, or `shapes`' where given (checked against the type)."""
     from pytensor.graph.basic import Constant
     out = []
     for i, var in enumerate(inputs):
@@ -312,13 +312,13 @@ def _static_inputs(inputs, shapes):
                     f"jaxform: PyTensor input {var.name or i!r} has shape {tshape} with unknown dims; JAX needs "
                     f"static shapes. Declare it with pt.tensor({var.name!r}, shape=(...)) or pass "
                     f"shapes={{{var.name!r}: (...)}} to to_graph/function.")
-            out.append(var)
+            out.append(tuple(tshape))
             continue
         given = tuple(int(d) for d in given)
         if len(given) != len(tshape) or any(t is not None and t != g for t, g in zip(tshape, given)):
             raise ConversionError(f"jaxform: shapes gives {given} for PyTensor input {var.name or i!r} "
                                   f"of shape {tshape}")
-        out.append(pt.tensor(name=var.name, dtype=var.type.dtype, shape=given) if given != tshape else var)
+        out.append(given)
     return out
 
 
