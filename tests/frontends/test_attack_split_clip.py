@@ -23,7 +23,6 @@ from jaxform import to_function  # noqa: E402
 from jaxform.frontends import pytensor as jpt  # noqa: E402
 
 
-
 REWRITE = pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no_rewrite"])
 
 

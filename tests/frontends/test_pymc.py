@@ -20,7 +20,6 @@ from jaxform.frontends import pymc as jpm  # noqa: E402
 from pymc_models import MODELS  # noqa: E402  (tests/frontends is on sys.path for this module)
 
 
-
 def _points(model, k=2, seed=0):
     """The initial point and k jittered points (value-variable space)."""
     rng = np.random.default_rng(seed)

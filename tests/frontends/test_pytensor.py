@@ -18,7 +18,6 @@ from jaxform.frontends import pytensor as jpt  # noqa: E402
 from jaxform.testing import assert_same  # noqa: E402
 
 
-
 rng = np.random.default_rng(0)
 
 
@@ -92,8 +91,6 @@ def logistic_regression():
     y = pt.as_tensor_variable((np.arange(10) % 2).astype("float64"))
     z = x @ w + b
     return [x, w, b], (y * pt.softplus(-z) + (1 - y) * pt.softplus(z)).sum()
-
-
 
 
 def concat_grad():
