@@ -563,3 +563,32 @@ def install_linear_call_batching() -> bool:
         return True
     except Exception:  # noqa: BLE001 - another JAX layout: revolve then keeps its reverse-only rule
         return False
+
+
+# ---- how a function is being traced (the use `optimize` plans for) ------------------------------
+
+def transformation_of(x: Any):
+    """What transformation `x` is a tracer of, and the value it wraps: `("grad", primal)` under
+    `jax.grad`/`vjp`/`linearize` (a linearize tracer), `("jvp", primal)` under forward mode,
+    `("vmap", val, axis, size)` under `jax.vmap` (axis None: not batched), or None (a concrete array,
+    or a jit/scan tracer: nothing tells how its result will be used). Tracers of nested transformations
+    are ordered by `trace_depth`: the deeper trace is the transformation applied first."""
+    from jax._src.interpreters import ad as _ad, batching as _batching
+    linearize = getattr(_ad, "LinearizeTracer", None)
+    if linearize is not None and isinstance(x, linearize):
+        return ("grad", x.primal)
+    if isinstance(x, _ad.JVPTracer):
+        return ("jvp", x.primal)
+    if isinstance(x, _batching.BatchTracer):
+        axis = x.batch_dim if isinstance(x.batch_dim, int) else None
+        size = getattr(x.val, "shape", ())[axis] if axis is not None else None
+        return ("vmap", x.val, axis, size)
+    return None
+
+
+def trace_depth(x: Any) -> int:
+    """How many traces lie under the one `x` belongs to (0 for a concrete array)."""
+    t, d = getattr(x, "_trace", None), 0
+    while t is not None:
+        t, d = getattr(t, "parent_trace", None), d + 1
+    return d

@@ -9,12 +9,9 @@ output fails verification, is skipped with a warning (strict=True raises).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
-import sys
-import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -22,17 +19,12 @@ import numpy as np
 
 from . import _jax
 from .ir import Graph
-from .ir.graph import gc_paused
-from .ir.rules import check_installed_rules
 from . import passes as _passes
 from . import plan as _plan
+from .passes.pipeline import PassError, run_passes, verify, user_stacklevel  # noqa: F401 (re-exported)
 from .passes.remat_loops import check_memory, with_memory as remat_with_memory
 from .passes.while_grad import check_max_steps, with_options as while_grad_with
 from .passes.remat_program import with_memory as remat_program_with
-
-
-class PassError(RuntimeError):
-    """A pass failed (raised, or emitted an invalid graph) under strict=True."""
 
 
 def _fn_name(fn) -> str:
@@ -150,96 +142,6 @@ def _describe(tree) -> str:
         return str(tree)
 
 
-# ---- verification -------------------------------------------------------------
-
-def verify(closed, like, *, typecheck: bool = True) -> None:
-    """Raise if `closed` is not a well-typed jaxpr with the signature of `like`.
-
-    typecheck=False skips `check_jaxpr` (re-running every abstract eval costs
-    about twice the trace time) and checks only the signature.
-    """
-    if typecheck:
-        _jax.check_jaxpr(closed)
-    same = lambda a, b: len(a) == len(b) and all(x.strip_weak_type() == y.strip_weak_type() for x, y in zip(a, b))
-    if not same(closed.in_avals, like.in_avals) or not same(closed.out_avals, like.out_avals):
-        raise TypeError(f"signature changed: {closed.in_avals} -> {closed.out_avals}, "
-                        f"expected {like.in_avals} -> {like.out_avals}")
-    check_installed_rules(closed, like)   # a rule the pass installed fails here, not at the user's grad
-
-
-def _package_dir(module) -> str:
-    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-
-
-# Frames a pass-failure warning skips: jaxform itself, JAX's tracing machinery, and the
-# stdlib decorators between them (contextlib's ContextDecorator wraps run_passes).
-_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep, _package_dir(jax), contextlib.__file__)
-
-
-def _user_stacklevel() -> int:
-    """`stacklevel` for a warning issued by our caller: the first frame outside jaxform and JAX.
-
-    A pass fails while `optimize`'s wrapper traces, possibly deep inside
-    `jax.jit`/`grad` tracing: the warning then points at the user's line that
-    called the wrapper (or the transformation of it), not at jaxform.
-    """
-    frame, level = sys._getframe(2), 2    # level 1: the caller, which warns
-    while frame is not None and (frame.f_code.co_filename.startswith(_INTERNAL)
-                                 or frame.f_code.co_filename.startswith("<frozen ")):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
-
-
-@gc_paused()
-def run_passes(closed, passes: Sequence, *, strict: bool = False, where: str = "",
-               on_change: Callable | None = None):
-    """Run passes over a jaxpr; skip (warn) or raise (strict) on a failing pass.
-
-    Fast path: all passes run on one Graph and the result is verified once.
-    If anything fails, rerun one pass at a time from the last good jaxpr,
-    verifying after each, so that only the culprit is skipped.
-    JAXFORM_CHECK=1 verifies after every pass; JAXFORM_CHECK=0 skips
-    `check_jaxpr` on the fast path (the signature is still checked).
-    """
-    passes = [_passes.get(p) for p in passes]
-    with _jax.classic_loops():    # what passes trace themselves (remat's checkpointed scans) stays `scan`
-        return _run_passes(closed, passes, strict, where, on_change)
-
-
-def _run_passes(closed, passes, strict, where, on_change):
-    if _passes.scans_from_ref_loops not in passes and _jax.has_scan3(closed):
-        passes = [_passes.scans_from_ref_loops, *passes]   # JAX 0.12's Scan3 as the scan loop passes know
-    check = os.environ.get("JAXFORM_CHECK", "")
-    if not strict and on_change is None and check != "1":
-        try:
-            g = Graph.from_jaxpr(closed)
-            for p in passes:
-                g = p(g)
-            out = g.to_jaxpr()
-            verify(out, closed, typecheck=check != "0")
-            return out
-        except Exception:
-            pass  # find and skip the culprit below
-    good = closed
-    for p in passes:
-        name = getattr(p, "pass_name", getattr(p, "__name__", repr(p)))
-        try:
-            g = p(Graph.from_jaxpr(good))
-            out = g.to_jaxpr()
-            verify(out, good)
-        except Exception as e:
-            msg = f"jaxform: pass {name!r} failed on {where or 'a program'}" + \
-                ("" if strict else " and was skipped") + f": {type(e).__name__}: {e}"
-            if strict:
-                raise PassError(msg) from e
-            warnings.warn(msg, stacklevel=_user_stacklevel())
-            continue
-        if on_change is not None:
-            on_change(name, good, out)
-        good = out
-    return good
-
-
 # ---- optimize -------------------------------------------------------------------
 
 def _aval_key(x):
@@ -347,6 +249,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
     cache: dict = {}
     decisions: list = []
+    last_plan: list = []
     args_leaves: list = []
 
     @functools.wraps(fn)
@@ -363,7 +266,9 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         leaves = [l for _, l in leaves_paths]
         _check_leaves(fn, leaves, [p for p, _ in leaves_paths], positions)
         try:
-            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.planning_key())
+            use = _plan.use_of(leaves) if planned else None     # plan for how the result will be used
+            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.planning_key(),
+                   use)
             hash(key)
         except TypeError as e:
             raise TypeError(f"jaxform: a static argument of {name} is not hashable: {e}") from None
@@ -372,7 +277,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             args_leaves[:] = [leaves]
             first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
             with _plan.cost.first_argument_is(first):     # what jax.grad(f) differentiates by default
-                entry = _build(args, kwargs, len(leaves))
+                entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
             if entry[2]:
                 cache[key] = entry
@@ -380,7 +285,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         outs = _outputs(closed, _jax.eval_jaxpr(closed, *leaves))
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    def _build(args, kwargs, n_leaves):
+    def _build(args, kwargs, n_leaves, use):
         closed, out_tree = _jax.jit_trace(fn, static_argnums, static_argnames, args, kwargs)
         assert len(closed.jaxpr.invars) == n_leaves, "jaxform: argument flattening differs from jax.jit's"
         # Constants that are tracers of an enclosing transformation belong to this call only.
@@ -391,13 +296,15 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             closed = run_passes(closed, [_passes.scans_from_ref_loops], strict=strict, where=name)
         with _jax.classic_loops():
             chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
-                                example_args=args_leaves[0] if args_leaves else None)
+                                example_args=args_leaves[0] if args_leaves else None, use=use)
         decisions[:] = chosen.decisions
+        last_plan[:] = [chosen]
         return chosen.closed, out_tree, cacheable
 
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)
     wrapper.decisions = lambda: list(decisions)   # the planner's decisions for the latest signature traced
+    wrapper.plan = lambda: last_plan[0] if last_plan else None   # ... and the whole plan: use, what it spent
     return wrapper
 
 

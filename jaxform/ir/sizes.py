@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["nbytes"]
+__all__ = ["nbytes", "value_bytes"]
 
 
 def nbytes(aval) -> float:
@@ -20,3 +20,9 @@ def nbytes(aval) -> float:
     if shape is None or dtype is None:
         return math.inf
     return math.prod(shape) * getattr(dtype, "itemsize", 8)
+
+
+def value_bytes(v) -> float:
+    """Bytes of a value (a Graph `Value` or a jaxpr var); 0 for a size XLA does not know."""
+    b = nbytes(v.aval)
+    return 0.0 if math.isinf(b) else float(b)

@@ -57,7 +57,9 @@ from ..ir import Graph, Node, ScanLoop
 from ..ir.identity import is_impure
 from ..ir.separability import varying
 from ..ir.sizes import nbytes
+from ..ir.flops import graph_flops
 from . import register, revolve
+from .decisions import decider
 
 SCHEDULES = ("keep", "remat", "sqrt", "revolve")
 TABLE_BYTES_PER_STEP = 16   # revolve's action table: about 4 int32 rows per step
@@ -104,9 +106,8 @@ def remat_loops(graph: Graph, memory="auto") -> Graph:
     if memory is None:
         return graph
     check_memory(memory)
-    from ..plan.memory import loop_schedules   # the decision is the planner's (plan/ imports passes/)
     plans = plan(graph)
-    loop_schedules(plans, memory)
+    decider("loop_schedules")(plans, memory)   # the decision is the planner's (plan.memory)
     for owner, node, p in plans:
         if p.schedule != "keep":
             _rewrite(owner, node, p)
@@ -143,7 +144,6 @@ def with_memory(memory):
 
 def plan(graph: Graph) -> list[tuple[Graph, Node, LoopPlan]]:
     """Every scan that can be rescheduled (innermost first), the graph holding it, its measured costs."""
-    from ..plan.cost import graph_flops
     out = []
     for node in list(graph.nodes):
         for sub in node.subgraphs():

@@ -32,7 +32,8 @@ import numpy as np
 from .. import _jax
 from ..ir import Graph
 from ..ir.identity import is_impure
-from ..plan.cost import value_bytes
+from ..ir.sizes import value_bytes
+from .decisions import decider
 from . import register
 
 MIN_EQNS_PER_SEGMENT = 4
@@ -50,10 +51,9 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
     """
     if memory is None and schedule is None:
         return graph
-    from ..plan import memory as decide        # whether recomputation pays is the planner's call
     asked = None
     if memory == "auto" and schedule is None:
-        memory, asked = decide.auto_budget(graph)
+        memory, asked = decider("auto_budget")(graph)
         if memory is None:
             return graph
     if not _eligible(graph):
@@ -66,7 +66,7 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
             out = recomputed(closed, k) if k > 1 else None
             return graph if out is None else Graph.from_jaxpr(out)
         return Graph.from_jaxpr(checkpointed(closed, boundaries(closed.jaxpr, k) if k > 1 else [], policy))
-    choice = decide.choose(closed, memory, asked)
+    choice = decider("choose")(closed, memory, asked)   # whether recomputation pays: plan.memory
     if choice is None:
         return graph
     return Graph.from_jaxpr(choice[1])

@@ -35,8 +35,10 @@ import numpy as np
 from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.separability import AXES_REDUCTIONS, CALL_LIKE, ELEMENTWISE, UNARY
-from ..ir.sizes import nbytes
+from ..ir.sizes import nbytes, value_bytes  # noqa: F401 (re-exported)
+from ..ir.flops import contraction_flops as _contraction_flops, graph_flops  # noqa: F401
 from ..ir.toposort import producers_first
+from .use import gradient_program  # noqa: F401 (the gradient view, re-exported)
 
 __all__ = ["Machine", "Estimate", "machine", "planning_for", "estimate", "temp_bytes", "seconds", "has_loops",
            "device_memory", "device_memory_limit", "xla_temp"]
@@ -205,12 +207,6 @@ def has_loops(g: Graph) -> bool:
 
 # ---- memory ------------------------------------------------------------------------
 
-def value_bytes(v) -> float:
-    """Bytes of a value (a Graph `Value` or a jaxpr var); 0 for a size XLA does not know."""
-    b = nbytes(v.aval)
-    return 0.0 if math.isinf(b) else float(b)
-
-
 def _materialized(v: Value, m: Machine) -> bool:
     """Is `v` a buffer of its own? Not if XLA fuses its producer into every consumer."""
     p = v.producer
@@ -366,61 +362,12 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
     return max(flops / m.flops, moved / m.bandwidth)
 
 
-def _contraction_flops(n: Node, out: int) -> int:
-    """2·M·N·K for a dot_general (out = M·N), 2·out·(kernel size) for a convolution."""
-    if n.name == "dot_general":
-        (lc, _), _ = n.params["dimension_numbers"]
-        return 2 * out * int(np.prod([n.inputs[0].aval.shape[d] for d in lc]))
-    return 2 * out * int(np.prod(n.inputs[1].aval.shape[1:]))
-
-
-def graph_flops(g: Graph) -> int:
-    """FLOPs of one run of `g`, unweighted: contractions as `_contraction_flops`, one per output element
-    elsewhere, loops times their length (what recomputing a loop body costs, for `plan.memory`)."""
-    total = 0
-    for n in g.nodes:
-        out = sum(_size(o) for o in n.outputs)
-        if n.name in ("dot_general", "conv_general_dilated"):
-            total += _contraction_flops(n, out)
-        elif n.name == "scan":
-            total += n.params["length"] * graph_flops(n.regions["body"])
-        else:
-            total += out + sum(graph_flops(sub) for sub in n.subgraphs())
-    return total
-
-
 def seconds(g: Graph, m: Machine | None = None, in_loop: bool = False) -> float:
     m = m or machine()
     return sum(node_seconds(n, m, in_loop) for n in g.nodes)
 
 
 # ---- whole programs -----------------------------------------------------------------
-
-def gradient_program(closed, wrt=None):
-    """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
-    every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot."""
-    from .. import _jax
-    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)
-              and (wrt is None or i in wrt)]
-    outs = [i for i, a in enumerate(closed.out_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)]
-    if not floats or not outs:
-        return None
-
-    def grad(*args):
-        def f(*fl):
-            full = list(args)
-            for i, v in zip(floats, fl):
-                full[i] = v
-            res = _jax.eval_jaxpr(closed, *full)
-            return [res[i] for i in outs]
-        ys, pull = jax.vjp(f, *[args[i] for i in floats])
-        return pull([jax.numpy.ones_like(y) for y in ys])
-
-    try:
-        return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
-    except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
-        return None
-
 
 def xla_temp(closed) -> int:
     """XLA's temp bytes for `closed` (compiled here: seconds for a big program): what the model predicts,

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from .. import _jax
+from ..passes import decisions as _decisions
 from ..ir import Graph
 from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
@@ -155,7 +156,7 @@ def first_argument_grad_temp(closed) -> int | None:
 
 def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient") -> None:
     warnings.warn(f"jaxform: remat_program cannot fit {subject} in {asked}: plain {_mib(plain)}, " + what + _advice(),
-                  stacklevel=_user_stacklevel())
+                  stacklevel=user_stacklevel())
 
 
 def recompute_choice(closed, memory, asked: str):
@@ -188,8 +189,8 @@ def xla_grad_temp(closed) -> int | None:
     return None if gp is None else cost.xla_temp(gp)
 
 
-def _user_stacklevel() -> int:
-    from ..optimize import _user_stacklevel as level     # the user's line, not the planner's
+def user_stacklevel() -> int:
+    from ..passes.pipeline import user_stacklevel as level     # the user's line, not the planner's
     return level() - 1
 
 
@@ -211,3 +212,8 @@ def _mib(n) -> str:
 
 __all__ = ["choose", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
            "AUTO_SHARE", "AUTO_GATE"]
+
+
+# The memory passes ask for these decisions by name (`passes.decisions`: imports run plan -> passes).
+for _name, _fn in (("loop_schedules", loop_schedules), ("auto_budget", auto_budget), ("choose", choose)):
+    _decisions.install(_name, _fn)

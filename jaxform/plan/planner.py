@@ -1,129 +1,125 @@
-"""The planner: one place that decides which loop rewrites a program keeps.
+"""The planner: one place that decides which loop rewrites a program keeps, on what the machine reports.
 
-Passes know *how* to rewrite a loop; whether it pays is decided here, with one
-cost model (`plan.cost`) and the user's objective, so that no pass can give
-back what an earlier one won (fission stacking `tanh(xs)` after fusion removed
-the stacked states; a remat schedule undoing a thinner residual set).
+Passes know *how* to rewrite a loop; whether it pays is decided here, so that no pass can give back what
+an earlier one won (fission stacking `tanh(xs)` after fusion removed the stacked states; a remat schedule
+undoing a thinner residual set).
 
-The default pipeline runs in order. A *deciding* pass (a loop pass: hoisting,
-pulling back sums, fusion, fission, residual thinning, loop memory planning)
-proposes a program; the planner predicts both programs' cost (forward, and
-where JAX can differentiate it, the gradient program `jax.grad` would run) and
-keeps the proposal only if the objective holds:
+The default pipeline runs in order. A *deciding* pass (a loop pass: hoisting, pulling back sums, fusion,
+fission, residual thinning, loop memory planning) proposes a program, and the planner weighs it against
+the current one *as the function is used* (`plan.use`: forward, under `jax.grad`, under `jax.vmap`; both
+forward and gradient where a jit trace hides the use):
 
-* `memory=None`: fastest without growing memory: neither temp memory (forward,
-  gradient) above the traced program's, nor predicted time above the current
-  one's by more than `TIME_SLACK`; and memory an earlier pass won is spent again
-  (the seed's sin/cos: fission batching `cos(xs)` after fusion removed the
-  stacked states) only for a predicted speedup of `GIVE_BACK_SPEEDUP`.
-* `"auto"`, `"min"` or a byte budget: the same for every pass but the memory
-  planner (`remat_loops`), which trades time for gradient memory as the user
-  asked: kept if it lowers the predicted gradient memory (a budget: or fits it);
-  `"auto"`, the default, only where the gradient is not predicted slower.
+* memory is XLA's (`memory_analysis()` of both candidates compiled, `plan.measure`); the cost model
+  (`plan.cost`) stands in only where compiling is not possible here or the budget is spent;
+* time is measured (interleaved runs of both compiled candidates) wherever the model's predicted ratio
+  lies inside its own error (`CONFIDENT`), and with `tune=True` always.
 
-Programs without loops skip all of this (nothing to decide: the passes run as
-they always did), so a 6k-equation transformer pays nothing.
-`tune=True` (`plan.tune`) times the two programs where the model cannot
-separate them, on the device, and remembers the winner on disk.
+A proposal is kept if, in every view of the use:
+* `memory=None` and every pass but the memory planner: no temp memory above the traced program's (nor
+  above the current one's, unless giving back memory an earlier pass won, which needs a speedup of
+  `GIVE_BACK_SPEEDUP`: measured, or predicted with the model's margin), and not slower (`NOISE` measured,
+  `TIME_SLACK` predicted);
+* the memory planner (`remat_loops`), under `"auto"` (the default): less gradient memory, at a gradient
+  measured (or confidently predicted) no slower than plain `jax.jit`'s; under `"min"` or a byte budget:
+  less memory (a budget: or fits it), whatever the time, as the user asked. It is not run at all when the
+  function is used forward only.
+
+Programs without loops skip all of this (nothing to decide: the passes run as they always did). What
+planning spent (compiles, timed pairs, cache hits, seconds) is in `Plan.budget`, `explain`, and a log
+line when it is slow.
 """
 from __future__ import annotations
 
+import logging
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..ir import Graph
 from ..ir.identity import structure
-from .. import _jax
-from . import cost as _cost
+from ..passes.pipeline import run_passes
+from . import cost as _cost, measure as _measure
+from .use import UNKNOWN, Use
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
                      "thin_residuals", "remat_loops"})
+MEMORY_PASSES = frozenset({"remat_loops"})
 # A rewrite that pays only through a later pass (streaming a buffer's rows costs a stack that only fusion
 # reduces away) is judged together with that pass; if the later pass then is not kept, it is undone.
 ENABLES = {"stream_rows": "fuse_scan_reductions"}
-TIME_SLACK = 0.02          # a proposal may be predicted this much slower (the model's resolution)
+TIME_SLACK = 0.02          # a proposal may be *predicted* this much slower (the model's resolution)
+NOISE = _measure.NOISE     # ... or *measured* this much slower (the machine's)
+CONFIDENT = 2.0            # a predicted time ratio beyond this is taken from the model; inside it, measured
+                           # (the CPU model was off by up to 1.5x on loops: 0.82x predicted, 1.11x measured)
 MEMORY_SLACK = 4096        # bytes, or MEMORY_REL of the program's, whichever is more: the model's resolution
-MEMORY_REL = 0.01          # (a fused loss adds a few carries to a gradient of tens of MiB); growth beyond the
-                           # traced program's is allowed only MEMORY_REL, never MEMORY_SLACK: on a small program
-                           # 4 KiB would be a real growth (fission 264 -> 348 B on dynamax's two-filter smoother)
-GIVE_BACK_SPEEDUP = 1.25  # memory an earlier pass won may be spent (up to the traced program's) for this much
-GRAD_VIEW_MAX_EQNS = 4000  # above this the gradient view is not traced (its cost would show in compile time)
+MEMORY_REL = 0.01          # (growth beyond the traced program's is allowed only MEMORY_REL, never MEMORY_SLACK)
+GIVE_BACK_SPEEDUP = 1.25   # memory an earlier pass won is spent (up to the traced program's) for this
+GIVE_BACK_MEASURED = 1.10  # predicted / measured speedup
+MEMORY_WIN = 2.0           # a proposal that cuts some view's temp memory this much (and grows none) ...
+MEMORY_WIN_TIME = 0.10     # ... may be this much slower: the 1.10x time regret the planner is held to
+GRAD_VIEW_MAX_EQNS = 4000  # above this the model's gradient view is not traced (its cost would show)
+SLOW_PLAN_SECONDS = 3.0    # planning longer than this says so on the `jaxform` logger (like JAX's compile log)
+
+log = logging.getLogger("jaxform")
+
+
+@dataclass(frozen=True)
+class ViewCost:
+    """The cost of a program in one view of its use: temp bytes and seconds, and where each came from."""
+    view: str
+    temp_bytes: float
+    seconds: float | None
+    memory_from: str = "model"     # "model" | "XLA"
+    time_from: str = "model"       # "model" | "measured"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A program's cost in every view of its use."""
+    views: tuple
+
+    def __getitem__(self, view: str) -> ViewCost:
+        return next(v for v in self.views if v.view == view)
+
+    def __str__(self) -> str:
+        def one(v: ViewCost) -> str:
+            t = "?" if v.seconds is None else f"{v.seconds * 1e3:.3g} ms" + ("*" if v.time_from == "measured" else "")
+            return f"{v.view} {_cost._fmt(v.temp_bytes)}{'' if v.memory_from == 'XLA' else '~'} / {t}"
+        return ", ".join(one(v) for v in self.views)
 
 
 @dataclass
 class Decision:
-    """One proposal the planner judged (what `explain` prints)."""
+    """One proposal the planner judged (what `explain` prints). In `before -> after`, `~` marks a memory
+    the model predicted (else XLA's), `*` a time measured (else predicted)."""
     pass_name: str
     kept: bool
-    before: _cost.Estimate
-    after: _cost.Estimate
+    before: Cost
+    after: Cost
     why: str
-    measured: tuple | None = None      # (seconds before, seconds after) when tune=True timed them
+    measured: tuple | None = None      # (seconds before, seconds after) where they were timed
 
     def __str__(self) -> str:
         verdict = "kept" if self.kept else "rejected"
-        m = "" if self.measured is None else \
-            f"; measured {self.measured[0] * 1e3:.3g} -> {self.measured[1] * 1e3:.3g} ms"
-        return f"{self.pass_name}: {verdict} ({self.why}); predicted {self.before} -> {self.after}{m}"
+        return f"{self.pass_name}: {verdict} ({self.why}); {self.before} -> {self.after}"
 
 
 @dataclass
 class Plan:
-    """The program the planner chose and every decision on the way."""
+    """The program the planner chose, every decision on the way, the use it planned for, what it spent."""
     closed: object
     decisions: list = field(default_factory=list)
     skipped: frozenset = frozenset()     # indices into the pipeline of the passes left out
+    use: Use = UNKNOWN
+    budget: _measure.Budget | None = None
+    seconds: float = 0.0
 
 
 def base_name(p) -> str:
     name = getattr(p, "pass_name", None) or getattr(p, "__name__", "") or ""
     return name.split("(")[0]
-
-
-def judge(plain: _cost.Estimate, before: _cost.Estimate, after: _cost.Estimate, *, memory_pass: bool,
-          memory) -> tuple[bool, str]:
-    """(keep?, why) for a proposal turning `before` into `after`; `plain` is the program as traced."""
-    if memory_pass:
-        if after.grad_temp_bytes is None or before.grad_temp_bytes is None:
-            return True, "no gradient view to judge: the schedule as planned"
-        if isinstance(memory, (int, float)) and not isinstance(memory, bool) and after.grad_temp_bytes <= memory:
-            return True, "fits the byte budget"
-        if plain.grad_temp_bytes is not None and before.grad_temp_bytes > plain.grad_temp_bytes * (1 + MEMORY_REL) \
-                and after.grad_temp_bytes < before.grad_temp_bytes:
-            # an earlier proposal was kept counting on this pass (`_after_memory_planning`)
-            return True, "less gradient memory, back within the program as traced"
-        if memory == "auto" and after.grad_seconds is not None and before.grad_seconds is not None and \
-                after.grad_seconds > before.grad_seconds * (1 + TIME_SLACK):
-            # "auto" is the default: it saves memory where that costs no time (on a GPU, recomputing a
-            # small body costs kernels per step: a 2 KiB Kalman filter's gradient ran 1.85x slower)
-            return False, (f"predicted slower gradient ({before.grad_seconds / after.grad_seconds:.2f}x); "
-                           "memory='auto' trades no time (ask 'min' or a byte budget)")
-        if after.grad_temp_bytes < before.grad_temp_bytes - MEMORY_SLACK:
-            return True, "less gradient memory, as asked"
-        if plain.grad_temp_bytes is not None and before.grad_temp_bytes > plain.grad_temp_bytes and \
-                after.grad_temp_bytes < before.grad_temp_bytes:
-            return True, "less gradient memory, back within the program as traced"
-        if memory == "min" and after.grad_temp_bytes <= before.grad_temp_bytes + MEMORY_SLACK:
-            # "min" asks for the least memory whatever the time: a saving below the model's
-            # resolution (a small loop) is still taken, as long as it is not predicted to grow.
-            return True, "memory='min': no more gradient memory (saving below the model's resolution)"
-        return False, "no gradient memory saved"
-    for what, p, b, a in (("forward", plain.temp_bytes, before.temp_bytes, after.temp_bytes),
-                          ("gradient", plain.grad_temp_bytes, before.grad_temp_bytes, after.grad_temp_bytes)):
-        if a is not None and b is not None and a > max(p if p is not None else b, b) * (1 + MEMORY_REL):
-            return False, f"more {what} temp memory than the program as traced"
-    gives_back = _more(before.temp_bytes, after.temp_bytes) or _more(before.grad_temp_bytes, after.grad_temp_bytes)
-    speedup = before.seconds / max(after.seconds, 1e-12)
-    if gives_back and speedup < GIVE_BACK_SPEEDUP:
-        return False, f"gives back memory an earlier pass won for a predicted {speedup:.2f}x"
-    for what, b, a in (("forward", before.seconds, after.seconds), ("gradient", before.grad_seconds, after.grad_seconds)):
-        if a is not None and b is not None and a > b * (1 + TIME_SLACK):
-            return False, f"predicted slower {what} ({b / a:.2f}x)"
-    if gives_back:
-        return True, f"predicted {speedup:.2f}x faster for memory an earlier pass won (within the traced program's)"
-    smaller = _less(before.temp_bytes, after.temp_bytes) or _less(before.grad_temp_bytes, after.grad_temp_bytes)
-    return True, "less memory" if smaller else f"no bigger, predicted {speedup:.2f}x"
 
 
 def _slack(b: float) -> float:
@@ -138,184 +134,298 @@ def _less(b, a) -> bool:
     return a is not None and b is not None and a < b - _slack(b)
 
 
-def _estimate(closed, cache: dict) -> _cost.Estimate:
-    """The cost of `closed`, once per structure: the planner meets the same program again and again
-    (the current program rerun through each proposal's tail passes), and tracing its gradient view
-    is most of the planner's time. Entries keep their program alive (constants compare by identity)."""
-    g = Graph.from_jaxpr(closed)
-    try:
-        key = structure(g)
-        hash(key)
-    except TypeError:
-        key = id(closed)
-    if key not in cache:
-        cache[key] = (_cost.estimate(closed, grad=len(g) <= GRAD_VIEW_MAX_EQNS), closed)
-    return cache[key][0]
+def _slower(b: ViewCost, a: ViewCost, slack: float | None = None) -> bool:
+    if a.seconds is None or b.seconds is None:
+        return False
+    if slack is None:
+        slack = NOISE if a.time_from == b.time_from == "measured" else TIME_SLACK
+    return a.seconds > b.seconds * (1 + slack)
 
+
+def _how(a: ViewCost) -> str:
+    return "measured" if a.time_from == "measured" else "predicted"
+
+
+def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory) -> tuple[bool, str]:
+    """(keep?, why) for a proposal turning `before` into `after`; `plain` is the program as traced."""
+    if memory_pass:
+        return _judge_memory(plain, before, after, memory)
+    for a in after.views:
+        p, b = plain[a.view], before[a.view]
+        if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + MEMORY_REL):
+            return False, f"more {a.view} temp memory than the program as traced"
+    gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
+    big_win = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
+                                     _less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
+    for a in after.views:
+        b = before[a.view]
+        if gives_back and a.seconds is not None and b.seconds is not None:
+            need = GIVE_BACK_MEASURED if a.time_from == b.time_from == "measured" else GIVE_BACK_SPEEDUP
+            if b.seconds < a.seconds * need:
+                return False, (f"gives back {a.view} memory an earlier pass won for a {_how(a)} "
+                               f"{b.seconds / max(a.seconds, 1e-12):.2f}x")
+        if _slower(b, a, max(MEMORY_WIN_TIME, NOISE) if big_win and a.time_from == "measured" else None):
+            return False, f"{_how(a)} slower {a.view} ({b.seconds / a.seconds:.2f}x)"
+    main = after.views[0]
+    speed = "" if main.seconds is None or before[main.view].seconds is None else \
+        f", {_how(main)} {before[main.view].seconds / max(main.seconds, 1e-12):.2f}x"
+    if gives_back:
+        return True, f"faster for memory an earlier pass won (within the traced program's){speed}"
+    smaller = any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
+    return True, ("less memory" if smaller else "no bigger") + speed
+
+
+def _judge_memory(plain: Cost, before: Cost, after: Cost, memory) -> tuple[bool, str]:
+    grads = [a for a in after.views if "grad" in a.view]
+    if not grads:
+        return False, "the function is used forward only: nothing to remember"
+    a = grads[0]
+    p, b = plain[a.view], before[a.view]
+    if isinstance(memory, (int, float)) and not isinstance(memory, bool) and a.temp_bytes <= memory:
+        return True, "fits the byte budget"
+    if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes:
+        return True, "less gradient memory, back within the program as traced"   # an earlier rewrite counted on it
+    if not _less(b.temp_bytes, a.temp_bytes) and not (memory == "min" and a.temp_bytes <= b.temp_bytes + _slack(b.temp_bytes)):
+        return False, "no gradient memory saved"
+    if memory == "auto":
+        # "auto" is the default: memory only where it costs no time (each kept rewrite before it was no slower
+        # than the program it replaced, so no slower than plain jax.jit either)
+        ref = b
+        if _slower(ref, a):
+            return False, (f"{_how(a)} slower gradient ({ref.seconds / a.seconds:.2f}x); memory='auto' trades no "
+                           "time (ask 'min' or a byte budget)")
+        speed = "" if a.seconds is None or ref.seconds is None else f", {_how(a)} {ref.seconds / a.seconds:.2f}x"
+        return True, f"less gradient memory at no time{speed}"
+    if _less(b.temp_bytes, a.temp_bytes):
+        return True, "less gradient memory, as asked"
+    return True, "memory='min': no more gradient memory (saving below the model's resolution)"
+
+
+# ---- what a candidate costs ------------------------------------------------------------------------
+
+class _Costs:
+    """Costs of candidate programs in the views of one use: the model's, then the machine's answers."""
+
+    def __init__(self, use: Use, budget: _measure.Budget, example_args, measuring: bool, tune: bool):
+        self.use, self.budget, self.example_args = use, budget, example_args
+        self.measuring, self.tune = measuring, tune
+        self._views: dict = {}
+        self._model: dict = {}
+
+    def views(self, closed) -> dict:
+        key = _key(closed)
+        if key not in self._views:
+            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.views()}, closed)
+        return self._views[key][0]
+
+    def model(self, closed) -> Cost:
+        key = _key(closed)
+        if key not in self._model:
+            out = []
+            for v, prog in self.views(closed).items():
+                if prog is None or (prog is not closed and len(Graph.from_jaxpr(prog)) > GRAD_VIEW_MAX_EQNS * 4):
+                    out.append(ViewCost(v, 0.0, None))
+                    continue
+                g = Graph.from_jaxpr(prog)
+                out.append(ViewCost(v, _cost.temp_bytes(g), _cost.seconds(g)))
+            cst = Cost(tuple(out))
+            if self.measuring:
+                cst = Cost(tuple(self._with_xla_memory(v, self.views(closed)[v.view]) for v in cst.views))
+            self._model[key] = (cst, closed)
+        return self._model[key][0]
+
+    def _with_xla_memory(self, v: ViewCost, prog) -> ViewCost:
+        temp = _measure.temp_bytes(prog, self.budget)
+        return v if temp is None else ViewCost(v.view, float(temp), v.seconds, "XLA", v.time_from)
+
+    def pair(self, ref, prop, plain=None) -> tuple[Cost, Cost, tuple | None]:
+        """Costs of `ref` and `prop` (and, for a memory decision, `plain`'s times measured beside them)."""
+        before, after = self.model(ref), self.model(prop)
+        if not self.measuring:
+            return before, after, None
+        bv, av, measured = list(before.views), list(after.views), None
+        for k, (b, a) in enumerate(zip(bv, av)):
+            if b.seconds is None or a.seconds is None:
+                continue
+            ratio = b.seconds / max(a.seconds, 1e-15)
+            if not self.tune and not (1 / CONFIDENT < ratio < CONFIDENT):
+                continue
+            progs = [self.views(ref)[b.view], self.views(prop)[a.view]]
+            t = _measure.seconds(*progs, self.budget, self.example_args)
+            if t is None:
+                continue
+            bv[k] = ViewCost(b.view, b.temp_bytes, t[0], b.memory_from, "measured")
+            av[k] = ViewCost(a.view, a.temp_bytes, t[1], a.memory_from, "measured")
+            if measured is None:
+                measured = t
+        return Cost(tuple(bv)), Cost(tuple(av)), measured
+
+
+def _key(closed):
+    try:
+        k = structure(Graph.from_jaxpr(closed))
+        hash(k)
+        return k
+    except TypeError:
+        return id(closed)
+
+
+# ---- planning ---------------------------------------------------------------------------------------
 
 def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = False, where: str = "",
-         tune: bool = False, example_args=None) -> Plan:
-    """Run `pipeline` over `closed`, keeping each deciding pass's proposal only where it pays.
+         tune: bool = False, example_args=None, use: Use = UNKNOWN) -> Plan:
+    """Run `pipeline` over `closed`, keeping each deciding pass's proposal only where it pays for `use`.
 
-    A proposal rejected for memory an earlier pass won is tried once more without that pass
-    (the seed's sin/cos: batching `cos(xs)` pays only if the loss is not fused into the loop):
-    the two programs are judged like any proposal, the alternative giving back the memory.
+    A proposal rejected for memory an earlier pass won is tried once more without that pass (the seed's
+    sin/cos: batching `cos(xs)` pays only if the loss is not fused into the loop): the two programs are
+    judged like any proposal, the alternative giving back the memory.
     """
-    from ..optimize import run_passes
+    t0 = time.perf_counter()
     if not _cost.has_loops(Graph.from_jaxpr(closed)):
-        return Plan(run_passes(closed, pipeline, strict=strict, where=where))
-    run = lambda c, ps: run_passes(c, ps, strict=strict, where=where)  # noqa: E731
-    cache: dict = {}
-    plain_cost = _estimate(closed, cache)
-    always = [p for p in pipeline if base_name(p) not in DECIDED]
-    skip: set[int] = set()          # deciding passes (by index) whose proposal was rejected
-    won: list[int] = []             # deciding passes kept for the memory they saved
-    good, decisions = closed, []
-
-    def judged(i, state, cand, name):
-        tail = [q for q in pipeline[i + 1:] if q in always]   # judge what dce etc. make of both
-        ref, prop = run(state, tail), run(cand, tail)
-        before, after = _estimate(ref, cache), _estimate(prop, cache)
-        keep, why = judge(plain_cost, before, after, memory_pass=name == "remat_loops", memory=memory)
-        return keep, why, before, after, ref, prop
-
-    pending: dict[str, int] = {}    # enabled pass name -> the index of the kept proposal counting on it
-
-    def undo_pending(i, name):
-        nonlocal good
-        if name in pending:          # the proposal kept for this pass's sake is undone with it
-            j = pending.pop(name)
-            skip.add(j)
-            decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, plain_cost, plain_cost,
-                                      f"undone: {name}, which it was kept for, was not"))
-            good = _replay(run, closed, pipeline[:i + 1], skip)
-
-    for i, p in enumerate(pipeline):
-        name = base_name(p)
-        cand = run(good, [p])
-        if name not in DECIDED or cand is good:
-            good = cand
-            if name in DECIDED:
-                undo_pending(i, name)
-            continue
-        if _same(cand, good):
-            undo_pending(i, name)
-            continue
-        keep, why, before, after, ref, prop = judged(i, good, cand, name)
-        if not keep and why.startswith("more gradient") and name != "remat_loops":
-            keep, why = _after_memory_planning(pipeline, i, good, cand, run, cache, plain_cost, memory, keep, why)
-        measured = None
-        if tune and name != "remat_loops" and _close(before, after):
-            from . import tune as _tune
-            measured = _tune.measured(ref, prop, example_args)
-            if measured is not None:
-                keep = measured[1] <= measured[0] * (1 - _tune.NOISE) or (keep and measured[1] <= measured[0])
-                why = f"measured {'faster' if keep else 'not faster'} ({why} by the model)"
-        if not keep and name in ENABLES:
-            keep, why = _with_enabled(pipeline, i, ENABLES[name], good, cand, run, cache, plain_cost, memory,
-                                      keep, why)
-            if keep:
-                pending[ENABLES[name]] = i
-        if not keep and "memory" in why and won and name != "remat_loops":
-            j = won[-1]      # the same proposal on the program without the last memory win
-            alt = _replay(run, closed, pipeline[:i + 1], skip | {j})
-            if not _same(alt, good):
-                k2, why2, _, after2, _, _ = judged(i, good, alt, name)
-                if k2:
-                    decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, before, after2,
-                                              f"undone for {name}: {why2}"))
-                    skip.add(j)
-                    won.remove(j)
-                    keep, why, after, cand = True, f"instead of {base_name(pipeline[j])}: {why2}", after2, alt
-        decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured))
-        if keep:
-            good = cand
-            if _less(before.temp_bytes, after.temp_bytes) or _less(before.grad_temp_bytes, after.grad_temp_bytes):
-                won.append(i)
-        else:
-            skip.add(i)
-            undo_pending(i, name)
-        pending.pop(name, None)
-    # A streamed buffer is checked by XLA whatever the program's size: the model's account of a buffer
-    # updated in place vs streamed rows is the coarsest it has (a whole-buffer copy either way).
-    streamed = [k for k, p in enumerate(pipeline) if base_name(p) == "stream_rows" and k not in skip and
-                any(d.kept and base_name_of(d) == "stream_rows" for d in decisions)]
-    chosen = _xla_guard(closed, good, decisions, plain_cost, lambda: run(closed, always), force=bool(streamed))
-    if decisions and decisions[-1].pass_name == "planner" and not decisions[-1].kept:
-        if streamed:     # the same plan without streaming, before giving up every loop rewrite
-            rest = [p for k, p in enumerate(pipeline) if k not in streamed]
-            alt = plan(closed, rest, memory=memory, strict=strict, where=where, tune=tune, example_args=example_args)
-            index = [k for k in range(len(pipeline)) if k not in streamed]
-            return Plan(alt.closed, decisions + [Decision("stream_rows", False, plain_cost, plain_cost,
-                                                          "undone: XLA measured more memory with it")] +
-                        alt.decisions, frozenset({index[k] for k in alt.skipped} | set(streamed)))
-    return Plan(chosen, decisions, frozenset(skip))
+        return Plan(run_passes(closed, pipeline, strict=strict, where=where), use=use)
+    measuring = _measure.enabled() or tune
+    budget = _measure.Budget(math.inf if tune else _measure.BUDGET_SECONDS)
+    costs = _Costs(use, budget, example_args, measuring, tune)
+    if measuring and not tune:
+        c0 = time.perf_counter()
+        costs.model(closed)                  # the traced program compiled in each view: the budget's yardstick
+        budget.seconds = max(_measure.BUDGET_SECONDS, _measure.BUDGET_COMPILES * (time.perf_counter() - c0))
+    if not use.differentiated:               # nothing to remember under a forward use: no memory planning
+        pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
+    out = _Planning(closed, list(pipeline), memory, strict, where, costs).run()
+    out.use, out.budget, out.seconds = use, budget, time.perf_counter() - t0
+    if out.seconds > SLOW_PLAN_SECONDS:
+        log.warning("jaxform: planning %s for %s took %.1f s: %s", where or "a program", use.label, out.seconds,
+                    budget)
+    return out
 
 
-def base_name_of(d: "Decision") -> str:
-    return d.pass_name.split("(")[0]
+class _Planning:
+    def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs):
+        self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
+        self.run_passes = lambda c, ps: run_passes(c, ps, strict=strict, where=where)
+        self.always = [p for p in pipeline if base_name(p) not in DECIDED]
+        self.plain = costs.model(closed)
 
+    def judged(self, i, state, cand, name):
+        tail = [q for q in self.pipeline[i + 1:] if q in self.always]   # judge what dce etc. make of both
+        ref, prop = self.run_passes(state, tail), self.run_passes(cand, tail)
+        before, after, measured = self.costs.pair(ref, prop)
+        keep, why = judge(self.plain, before, after, memory_pass=name in MEMORY_PASSES, memory=self.memory)
+        return keep, why, before, after, measured
 
-XLA_CHECK_MAX_EQNS = 300   # programs this small compile in well under a second: XLA's own numbers are affordable
+    def run(self) -> Plan:
+        pipeline, closed = self.pipeline, self.closed
+        skip: set[int] = set()          # deciding passes (by index) whose proposal was rejected
+        won: list[int] = []             # deciding passes kept for the memory they saved
+        good, decisions = closed, []
+        pending: dict[str, int] = {}    # enabled pass name -> the index of the kept proposal counting on it
 
+        def undo_pending(i, name):
+            nonlocal good
+            if name in pending:          # the proposal kept for this pass's sake is undone with it
+                j = pending.pop(name)
+                skip.add(j)
+                decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, self.plain, self.plain,
+                                          f"undone: {name}, which it was kept for, was not"))
+                good = self.replay(pipeline[:i + 1], skip)
 
-def _xla_guard(closed, chosen, decisions: list, plain_cost, undecided, force: bool = False):
-    """The last word on a small program: XLA's `memory_analysis()` of the chosen program (forward and
-    gradient) against the traced one's. On a few-KiB program the model's resolution is coarser than what
-    a hoisted 64-byte value costs (dynamax's two-filter smoother: 808 -> 872 B, +8%). Bigger programs are left to the model (one
-    compile costs seconds there); any failure to compile here leaves the choice as it was. The tolerance
-    is the model's, MEMORY_REL (1%): a fused loss adds a few carries (0.04%) to a 500 MiB gradient."""
-    if chosen is closed or not decisions or (len(Graph.from_jaxpr(closed)) > XLA_CHECK_MAX_EQNS and not force) or \
-            any(isinstance(c, _jax.Tracer) for c in closed.consts):
-        return chosen
-    try:
-        for what, view in (("forward", lambda c: c), ("gradient", _cost.gradient_program)):
-            a, b = view(closed), view(chosen)
-            if a is None or b is None:
+        for i, p in enumerate(pipeline):
+            name = base_name(p)
+            cand = self.run_passes(good, [p])
+            if name not in DECIDED or cand is good:
+                good = cand
+                if name in DECIDED:
+                    undo_pending(i, name)
                 continue
-            plain, opt = _cost.xla_temp(a), _cost.xla_temp(b)
-            if opt > plain * (1 + MEMORY_REL):
-                decisions.append(Decision("planner", False, plain_cost, plain_cost,
-                                          f"XLA measured {what} temp {opt} B > {plain} B as traced: "
+            if _same(cand, good):
+                undo_pending(i, name)
+                continue
+            keep, why, before, after, measured = self.judged(i, good, cand, name)
+            if not keep and why.startswith("more grad") and name not in MEMORY_PASSES:
+                keep, why = self.after_memory_planning(i, good, cand, keep, why)
+            if not keep and name in ENABLES:
+                keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
+                if keep:
+                    pending[ENABLES[name]] = i
+            if not keep and ("memory" in why or "gives back" in why) and won and name not in MEMORY_PASSES:
+                j = won[-1]      # the same proposal on the program without the last memory win
+                alt = self.replay(pipeline[:i + 1], skip | {j})
+                if not _same(alt, good):
+                    k2, why2, _, after2, m2 = self.judged(i, good, alt, name)
+                    if k2:
+                        decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, before, after2,
+                                                  f"undone for {name}: {why2}"))
+                        skip.add(j)
+                        won.remove(j)
+                        keep, why, after, cand, measured = True, f"instead of {base_name(pipeline[j])}: {why2}", \
+                            after2, alt, m2
+            decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured))
+            if keep:
+                good = cand
+                if any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
+                    won.append(i)
+            else:
+                skip.add(i)
+                undo_pending(i, name)
+            pending.pop(name, None)
+        chosen = self.guard(good, decisions)
+        return Plan(chosen, decisions, frozenset(skip) if chosen is good else
+                    frozenset(k for k, p in enumerate(pipeline) if base_name(p) in DECIDED))
+
+    def guard(self, chosen, decisions: list):
+        """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
+        (mostly answers the judging already compiled). A program bigger than as traced in any view gives
+        every loop rewrite up (the undecided passes, inline, dce, while_grad, still run)."""
+        if chosen is self.closed or not decisions or not self.costs.measuring:
+            return chosen
+        budget = _measure.Budget(math.inf)
+        budget._memo = self.costs.budget._memo
+        for view in self.costs.use.views():
+            a, b = self.costs.views(self.closed)[view], self.costs.views(chosen)[view]
+            plain, opt = _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)
+            if plain is None or opt is None:
+                continue
+            if opt > plain * (1 + MEMORY_REL) and not (isinstance(self.memory, str) and self.memory == "min"):
+                decisions.append(Decision("planner", False, self.plain, self.plain,
+                                          f"XLA measured {view} temp {opt} B > {plain} B as traced: "
                                           f"no loop rewrite is kept"))
-                return undecided()   # the passes that are not decided (inline, dce, while_grad) still run
-    except Exception:  # noqa: BLE001 - a backend that cannot compile it here: the model's choice stands
+                return self.run_passes(self.closed, self.always)
         return chosen
-    return chosen
+
+    def replay(self, pipeline, skip: set):
+        """The traced program through `pipeline` less the passes at the indices in `skip`."""
+        return self.run_passes(self.closed, [p for k, p in enumerate(pipeline) if k not in skip])
+
+    def after_memory_planning(self, i, good, cand, keep, why):
+        """A proposal that grows the gradient judged as the program will leave the pipeline: with loop
+        memory planning still to come. A fused loss adds a few carries to the gradient that remat then
+        stores once per segment, not per step; judged alone, the flagship would lose its forward win."""
+        later = [q for q in self.pipeline[i + 1:] if base_name(q) in MEMORY_PASSES]
+        if not later:
+            return keep, why
+        tail = [q for q in self.pipeline[i + 1:] if base_name(q) not in DECIDED or q in later]
+        before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
+        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory)
+        return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
+
+    def with_enabled(self, i, enabled, good, cand, keep, why):
+        """A proposal judged together with the later pass it enables (`ENABLES`)."""
+        later = [k for k in range(i + 1, len(self.pipeline)) if base_name(self.pipeline[k]) == enabled]
+        if not later:
+            return keep, why
+        tail = self.pipeline[i + 1:later[0] + 1]
+        before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
+        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory)
+        faster = any(a.seconds is not None and before[a.view].seconds is not None and
+                     a.seconds < before[a.view].seconds for a in after.views)
+        if not k2 or not (any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views) or faster):
+            return keep, why
+        return True, f"{why2} once {enabled} has run (alone: {why})"
 
 
-def _after_memory_planning(pipeline, i, good, cand, run, cache, plain_cost, memory, keep, why):
-    """A proposal that grows the gradient judged as the program will leave the pipeline: with loop
-    memory planning (memory="auto"/"min"/bytes) still to come. A fused loss adds a few carries to
-    the gradient (+0.7 KiB on a 100-step RNN) that remat then stores once per segment, not per step;
-    judged alone, the flagship would lose its forward win (12.9 -> 1.1 KiB) for that."""
-    later = [q for q in pipeline[i + 1:] if base_name(q) == "remat_loops"]
-    if not later:
-        return keep, why
-    tail = [q for q in pipeline[i + 1:] if base_name(q) not in DECIDED or q in later]
-    before, after = _estimate(run(good, tail), cache), _estimate(run(cand, tail), cache)
-    k2, why2 = judge(plain_cost, before, after, memory_pass=False, memory=memory)
-    return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
-
-
-def _with_enabled(pipeline, i, enabled, good, cand, run, cache, plain_cost, memory, keep, why):
-    """A proposal judged together with the later pass it enables (`ENABLES`), both programs run through
-    the passes up to and including that one."""
-    later = [k for k in range(i + 1, len(pipeline)) if base_name(pipeline[k]) == enabled]
-    if not later:
-        return keep, why
-    tail = pipeline[i + 1:later[0] + 1]
-    before, after = _estimate(run(good, tail), cache), _estimate(run(cand, tail), cache)
-    k2, why2 = judge(plain_cost, before, after, memory_pass=False, memory=memory)
-    if not k2 or not (_less(before.temp_bytes, after.temp_bytes) or
-                      _less(before.grad_temp_bytes, after.grad_temp_bytes) or after.seconds < before.seconds):
-        return keep, why
-    return True, f"{why2} once {enabled} has run (alone: {why})"
-
-
-def _replay(run, closed, pipeline, skip: set):
-    """`closed` through `pipeline` less the passes at the indices in `skip`."""
-    return run(closed, [p for k, p in enumerate(pipeline) if k not in skip])
+def base_name_of(d: Decision) -> str:
+    return d.pass_name.split("(")[0]
 
 
 def _same(a, b) -> bool:
@@ -325,10 +435,4 @@ def _same(a, b) -> bool:
         return False
 
 
-def _close(a: _cost.Estimate, b: _cost.Estimate) -> bool:
-    """The model cannot separate two programs: same memory, times within 10%."""
-    same_mem = abs(a.temp_bytes - b.temp_bytes) <= MEMORY_SLACK
-    return same_mem and abs(a.seconds - b.seconds) <= 0.1 * max(a.seconds, b.seconds)
-
-
-__all__ = ["Decision", "Plan", "plan", "judge", "DECIDED"]
+__all__ = ["Decision", "Plan", "Cost", "ViewCost", "plan", "judge", "DECIDED"]

@@ -1,0 +1,226 @@
+"""What the machine reports about a candidate program: XLA's temp bytes and its run time.
+
+The cost model (`plan.cost`) predicts; this module asks. Memory is `memory_analysis()` of the compiled
+program (what XLA will allocate, exactly). Time is the min of interleaved runs of two compiled candidates
+on the call's inputs (random ones of the same shapes where the call is traced under `jit` and has no
+values): a ratio between the two, as a decision needs, not an absolute figure. A program with a `while`
+loop is timed only on the call's own values (its trip count may depend on them).
+
+Answers are cached in memory for the process and on disk (`JAXFORM_TUNE_CACHE`, default
+`~/.cache/jaxform/tune`), keyed like JAX's compilation cache: the program's text and constants, backend,
+device kind, JAX version and XLA flags. The cache holds measurements, never programs: a stale or
+colliding entry can only pick the slower or bigger of two correct programs, never a wrong one.
+
+A `Budget` bounds what one plan spends here (compiles and runs); past it, decisions fall back to the
+model and say so.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from .. import _jax
+from ..ir import Graph
+from ..ir.identity import is_impure
+
+REPS = 7              # timing rounds for two cheap programs (interleaved; the min of each is kept)
+RUN_SECONDS = 0.25    # ... a program running longer than this gets MIN_REPS rounds
+MIN_REPS = 3
+NOISE = 0.05          # two measured times closer than this are a tie (the machine's noise, 2 loaded cores)
+MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it is believed (min of both)
+SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
+BUDGET_SECONDS = 2.0  # what measuring may spend per plan, at least ...
+BUDGET_COMPILES = 4   # ... or this many times the traced program's own compile, whichever is more
+
+
+def cache_dir() -> str:
+    return os.environ.get("JAXFORM_TUNE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxform", "tune"))
+
+
+def enabled() -> bool:
+    """JAXFORM_MEASURE=0 plans on the model alone (deterministic decisions, no compiles)."""
+    return os.environ.get("JAXFORM_MEASURE", "1") != "0"
+
+
+@dataclass
+class Budget:
+    """What one plan may spend measuring, and what it spent (reported by `explain`)."""
+    seconds: float = BUDGET_SECONDS
+    spent: float = 0.0
+    compiles: int = 0
+    timed: int = 0
+    from_cache: int = 0
+    exhausted: bool = False
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def allows(self) -> bool:
+        if self.spent >= self.seconds:
+            self.exhausted = True
+        return not self.exhausted
+
+    def __str__(self) -> str:
+        return (f"{self.compiles} candidate program(s) compiled, {self.timed} pair(s) timed, "
+                f"{self.from_cache} answer(s) from the cache, {self.spent:.2f} s measuring"
+                + (" (budget spent: the rest decided by the model)" if self.exhausted else ""))
+
+
+def _machine_key() -> str:
+    dev = jax.devices()[0]
+    return "|".join([jax.default_backend(), getattr(dev, "device_kind", ""), jax.__version__,
+                     os.environ.get("XLA_FLAGS", ""), str(jax.config.jax_enable_x64)])
+
+
+def program_key(closed) -> str:
+    """A digest of the program: its text, its constants' values, and the machine that runs it."""
+    h = hashlib.sha256()
+    h.update(str(closed.jaxpr).encode())
+    for c in closed.consts:
+        a = np.asarray(c)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes()[:1 << 20])
+    h.update(_machine_key().encode())
+    return h.hexdigest()
+
+
+def _disk(key: str, value=None):
+    path = os.path.join(cache_dir(), key[:2], key + ".json")
+    if value is None:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(value, f)
+    except OSError:
+        pass
+    return value
+
+
+def measurable(closed) -> bool:
+    """Can this program be compiled here on its own (no tracer constants of an enclosing transformation)?"""
+    return not any(isinstance(c, _jax.Tracer) for c in closed.consts)
+
+
+def _compiled(closed, budget: Budget):
+    key = program_key(closed)
+    if key not in budget._memo:
+        t0 = time.perf_counter()
+        fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
+        budget._memo[key] = fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile()
+        budget.compiles += 1
+        budget.spent += time.perf_counter() - t0
+    return budget._memo[key]
+
+
+def compile_seconds(closed) -> float:
+    """Wall time of one compile of `closed` (the yardstick the budget is scaled by)."""
+    t0 = time.perf_counter()
+    jax.jit(functools.partial(_jax.eval_jaxpr, closed)).lower(
+        *[_jax.spec_of(a) for a in closed.in_avals]).compile()
+    return time.perf_counter() - t0
+
+
+def temp_bytes(closed, budget: Budget) -> int | None:
+    """XLA's temp bytes of `closed`, from the caches or compiled now; None if it cannot be compiled here."""
+    if closed is None or not measurable(closed):
+        return None
+    key = program_key(closed)
+    hit = _disk(key)
+    if hit is not None and "temp" in hit:
+        budget.from_cache += 1
+        return int(hit["temp"])
+    if not budget.allows():
+        return None
+    try:
+        temp = int(_compiled(closed, budget).memory_analysis().temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - a backend that cannot compile it alone: the model decides
+        return None
+    _disk(key, {"temp": temp})
+    return temp
+
+
+def _impure(closed) -> bool:
+    memo: dict = {}
+    return bool(closed.effects) or any(is_impure(n, memo) for n, _ in Graph.from_jaxpr(closed).walk())
+
+
+def _has_while(closed) -> bool:
+    return any(n.name == "while" for n, _ in Graph.from_jaxpr(closed).walk())
+
+
+def _inputs(closed, example_args):
+    avals = closed.in_avals
+    if example_args is not None and len(example_args) == len(avals) and \
+            not any(isinstance(x, _jax.Tracer) for x in example_args) and \
+            all(tuple(np.shape(x)) == tuple(a.shape) for x, a in zip(example_args, avals)):
+        return list(example_args), True
+    rng = np.random.default_rng(0)
+    out = []
+    for a in avals:
+        if np.issubdtype(a.dtype, np.inexact):
+            out.append(np.asarray(rng.standard_normal(a.shape) * 0.5).astype(a.dtype))
+        else:
+            out.append(np.zeros(a.shape, a.dtype))
+    return out, False
+
+
+def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, float] | None:
+    """(seconds of `before`, of `after`), interleaved min-of-N on the same inputs; None where they cannot
+    be timed here (no values for a while loop's trip count, tracer constants, the budget spent)."""
+    if before is None or after is None or not (measurable(before) and measurable(after)):
+        return None
+    if _impure(before) or _impure(after):
+        return None      # running it would run the user's callbacks: planning must not
+    key = hashlib.sha256((program_key(before) + program_key(after)).encode()).hexdigest()
+    hit = _disk(key)
+    if hit is not None and "seconds" in hit:
+        budget.from_cache += 1
+        return tuple(hit["seconds"])
+    if not budget.allows():
+        return None
+    args, real = _inputs(before, example_args)
+    if not real and (_has_while(before) or _has_while(after)):
+        return None
+    try:
+        with jax.ensure_compile_time_eval():    # run here, even while an enclosing jit traces the call
+            fns = [_compiled(before, budget), _compiled(after, budget)]
+            best = _interleaved(fns, args, budget)
+            r = best[1] / best[0]
+            if 1 + NOISE < max(r, 1 / r) < 1 + MARGINAL:      # close to the line: time again, keep the min
+                best = [min(a, b) for a, b in zip(best, _interleaved(fns, args, budget))]
+    except Exception:  # noqa: BLE001 - a program that cannot run on its own (sharding, callbacks)
+        return None
+    _disk(key, {"seconds": list(best)})
+    return tuple(best)
+
+
+def _interleaved(fns, args, budget: Budget) -> list[float]:
+    """Min-of-N seconds of each compiled program, rounds interleaved (the machine's drift hits all alike)."""
+    t0 = time.perf_counter()
+    first = []
+    for f in fns:
+        s = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        first.append(time.perf_counter() - s)
+    calls = max(1, min(50, int(SAMPLE_SECONDS / max(min(first), 1e-6))))
+    best = [np.inf] * len(fns)
+    for _ in range(MIN_REPS if max(first) > RUN_SECONDS else REPS):
+        for i, f in enumerate(fns):
+            s = time.perf_counter()
+            for _ in range(calls):
+                out = f(*args)
+            jax.block_until_ready(out)
+            best[i] = min(best[i], (time.perf_counter() - s) / calls)
+    budget.spent += time.perf_counter() - t0
+    budget.timed += 1
+    return best

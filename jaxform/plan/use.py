@@ -1,0 +1,134 @@
+"""The use a function is traced under, and the program each candidate is judged as.
+
+`optimize(f)` plans at its first call for a signature, and its inputs say how the result will be used:
+linearize tracers mean `jax.grad`/`vjp` (plan the gradient program, w.r.t. exactly those inputs), batch
+tracers mean `jax.vmap` (plan the batched program), concrete arrays mean a forward call. A jit tracer
+says nothing (`jax.grad(jax.jit(optimize(f)))` traces `f` before the gradient exists), so that use is
+*unknown*: the planner then weighs the forward program and the gradient of every float input, and a
+rewrite must be no worse in both (what `jax.jit` of either would run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from .. import _jax
+
+MAX_LEVELS = 4     # nested transformations read from the inputs (deeper ones are not told apart)
+
+
+@dataclass(frozen=True)
+class Use:
+    """How the program is used: `steps` are the transformations applied to it, first applied first:
+    ("grad", wrt) with the differentiated input indices, ("vmap", axes, size) with each input's batch
+    axis (None: not batched); `known` is False when nothing told (a jit tracer)."""
+    steps: tuple = ()
+    known: bool = True
+
+    @property
+    def label(self) -> str:
+        if not self.known:
+            return "forward and grad (use unknown under jit)"
+        out = "forward"
+        for s in self.steps:
+            out = f"{s[0]}({out})" if out != "forward" else ("grad" if s[0] == "grad" else f"{s[0]}(forward)")
+        return out
+
+    @property
+    def differentiated(self) -> bool:
+        return not self.known or any(s[0] == "grad" for s in self.steps)
+
+    def views(self) -> tuple[str, ...]:
+        """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""
+        return ("forward", "grad") if not self.known else (self.label,)
+
+    def program(self, closed, view: str):
+        """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate)."""
+        if view == "forward":
+            return closed
+        if view == "grad" and not self.known:
+            return gradient_program(closed)
+        for s in self.steps:
+            if closed is None:
+                return None
+            if s[0] == "grad":
+                closed = gradient_program(closed, s[1])
+            elif s[0] == "vmap":
+                closed = batched_program(closed, s[1], s[2])
+        return closed
+
+
+FORWARD = Use()
+UNKNOWN = Use(known=False)
+
+
+def use_of(leaves) -> Use:
+    """The use that the flat inputs of a call tell (see the module docstring)."""
+    cur = list(leaves)
+    if not any(isinstance(x, _jax.Tracer) for x in cur):
+        return FORWARD
+    steps = []
+    for _ in range(MAX_LEVELS):
+        found = [(_jax.trace_depth(x), i, t) for i, x in enumerate(cur) if (t := _jax.transformation_of(x))]
+        if not found:
+            break
+        depth = max(d for d, _, _ in found)
+        level = [(i, t) for d, i, t in found if d == depth]
+        kind = level[0][1][0]
+        level = [(i, t) for i, t in level if t[0] == kind]
+        if kind == "grad":
+            steps.append(("grad", tuple(i for i, _ in level)))
+        elif kind == "vmap":
+            axes = [None] * len(cur)
+            for i, t in level:
+                axes[i] = t[2]
+            size = next((t[3] for _, t in level if t[3] is not None), None)
+            if size is not None:
+                steps.append(("vmap", tuple(axes), size))
+        # forward mode ("jvp") costs what the forward program does, a constant factor more: planned as it
+        for i, t in level:
+            cur[i] = t[1]
+    if not steps and any(isinstance(x, _jax.Tracer) for x in cur):
+        return UNKNOWN
+    return Use(tuple(steps))
+
+
+def gradient_program(closed, wrt=None):
+    """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
+    every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot."""
+    floats = [i for i, a in enumerate(closed.in_avals) if jnp.issubdtype(a.dtype, jnp.inexact)
+              and (wrt is None or i in wrt)]
+    outs = [i for i, a in enumerate(closed.out_avals) if jnp.issubdtype(a.dtype, jnp.floating)]
+    if not floats or not outs:
+        return None
+
+    def grad(*args):
+        def f(*fl):
+            full = list(args)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            res = _jax.eval_jaxpr(closed, *full)
+            return [res[i] for i in outs]
+        ys, pull = jax.vjp(f, *[args[i] for i in floats])
+        return pull([jnp.ones_like(y) for y in ys])
+
+    try:
+        return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
+    except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
+        return None
+
+
+def batched_program(closed, axes, size: int):
+    """The jaxpr `jax.vmap` runs for this program, inputs batched along `axes` (None: not batched)."""
+    specs = []
+    for a, ax in zip(closed.in_avals, axes):
+        shape = tuple(a.shape)
+        if ax is not None:
+            shape = shape[:ax] + (size,) + shape[ax:]
+        specs.append(jax.ShapeDtypeStruct(shape, a.dtype))
+    try:
+        return jax.make_jaxpr(jax.vmap(lambda *x: _jax.eval_jaxpr(closed, *x), in_axes=list(axes)))(*specs)
+    except Exception:  # noqa: BLE001 - a program JAX cannot batch here: judged unbatched
+        return closed
