@@ -46,6 +46,7 @@ class Report:
     loops: list = field(default_factory=list)     # what each loop remembers under grad (remat_loops)
     grad_temp_bytes: tuple | None = None          # XLA temp memory of the gradient, before/after loop planning
     decisions: list = field(default_factory=list)  # the planner's verdict on each loop pass's proposal
+    planning: str = ""                             # the use planned for and what planning spent
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +54,8 @@ class Report:
     def __str__(self) -> str:
         lines = [f"jaxform.explain: {self.function}",
                  f"  pipeline: {', '.join(self.passes) or '(none)'}"]
+        if self.planning:
+            lines.append(f"  planner: {self.planning}")
         for d in self.decisions:
             lines.append(f"  planner: {d}")
         if not self.changes:
@@ -114,7 +117,8 @@ def _with_stats(p, stats: dict):
 
 
 def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: bool = True,
-            measure: bool = False, reps: int = 5, progress: bool = False, loop_memory="default") -> Report:
+            measure: bool = False, reps: int = 5, progress: bool = False, loop_memory="default",
+            for_use=None) -> Report:
     """Run the pipeline on `fn(*args)` and report each pass that changed the program.
 
     args: arrays or `jax.ShapeDtypeStruct`s (pytrees of them); `measure=True`
@@ -124,6 +128,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     loop_memory: `optimize`'s `memory=` setting; as there, "auto" with the default pipeline.
         Each loop's schedule, predicted bytes and recompute factor are reported.
     progress: print long steps (compile, measurement) on stderr.
+    for_use: the `plan.Use` to plan for (default: forward and gradient, as `jax.jit(optimize(fn))` is planned,
+        where nothing tells how the result will be used).
     """
     step = program.Progress(progress)
     with step(f"tracing {program.fn_name(fn)}"):
@@ -138,10 +144,15 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     if passes is None:       # the default pipeline is planned, as in `optimize`: report each verdict
-        from ..plan import plan
+        from ..plan import UNKNOWN, plan
+        use = UNKNOWN if for_use is None else for_use
         with step("planning"):
-            chosen = plan(closed, pipe, memory=loop_memory)
+            chosen = plan(closed, pipe, memory=loop_memory, use=use,
+                          example_args=flat)
         report.decisions = [str(d) for d in chosen.decisions]
+        if chosen.budget is not None:
+            report.planning = (f"planned for {chosen.use.label} in {chosen.seconds:.2f} s: {chosen.budget} "
+                               "(~: memory predicted, else XLA's; *: time measured, else predicted)")
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))

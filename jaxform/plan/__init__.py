@@ -8,7 +8,7 @@ straight-line schedules for `memory=`; `tune` is `tune=True`'s timing, kept for 
 from . import cost, memory  # memory installs the memory passes' deciders (passes.decisions)
 from .cost import Estimate, Machine, device_memory_limit, estimate, machine, planning_for
 from .planner import Cost, Decision, Plan, ViewCost, plan
-from .use import Use, use_of
+from .use import FORWARD, UNKNOWN, Use, use_of
 
 __all__ = ["Estimate", "Machine", "estimate", "machine", "planning_for", "device_memory_limit", "Decision", "Plan",
-           "Cost", "ViewCost", "plan", "Use", "use_of"]
+           "Cost", "ViewCost", "plan", "Use", "use_of", "FORWARD", "UNKNOWN"]

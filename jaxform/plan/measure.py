@@ -161,7 +161,8 @@ def _has_while(closed) -> bool:
 def _inputs(closed, example_args):
     avals = closed.in_avals
     if example_args is not None and len(example_args) == len(avals) and \
-            not any(isinstance(x, _jax.Tracer) for x in example_args) and \
+            all(isinstance(x, (jax.Array, np.ndarray, np.generic)) and not isinstance(x, _jax.Tracer)
+                for x in example_args) and \
             all(tuple(np.shape(x)) == tuple(a.shape) for x, a in zip(example_args, avals)):
         return list(example_args), True
     rng = np.random.default_rng(0)

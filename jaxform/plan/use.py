@@ -32,13 +32,15 @@ class Use:
         if not self.known:
             return "forward and grad (use unknown under jit)"
         out = "forward"
+        if self.steps and isinstance(self.steps[0], str):     # a named forward program (a gradient already)
+            return f"forward ({self.steps[0]})"
         for s in self.steps:
             out = f"{s[0]}({out})" if out != "forward" else ("grad" if s[0] == "grad" else f"{s[0]}(forward)")
         return out
 
     @property
     def differentiated(self) -> bool:
-        return not self.known or any(s[0] == "grad" for s in self.steps)
+        return not self.known or any(isinstance(s, str) or s[0] == "grad" for s in self.steps)
 
     def views(self) -> tuple[str, ...]:
         """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""
@@ -51,8 +53,8 @@ class Use:
         if view == "grad" and not self.known:
             return gradient_program(closed)
         for s in self.steps:
-            if closed is None:
-                return None
+            if closed is None or not isinstance(s, tuple):
+                continue
             if s[0] == "grad":
                 closed = gradient_program(closed, s[1])
             elif s[0] == "vmap":
