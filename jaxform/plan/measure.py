@@ -31,13 +31,13 @@ from ..ir import Graph
 from ..ir.identity import is_impure
 
 REPS = 7              # timing rounds for two cheap programs (interleaved; the min of each is kept)
-RUN_SECONDS = 0.25    # ... a program running longer than this gets MIN_REPS rounds
-MIN_REPS = 3
+RUN_SECONDS = 0.25    # ... a program running longer than this gets MIN_REPS samples, its warm-up one of them
+MIN_REPS = 2
 NOISE = 0.05          # two measured times closer than this are a tie (the machine's noise, 2 loaded cores)
 MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it is believed (min of both)
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
-BUDGET_SECONDS = 2.0  # what measuring may spend per plan, at least ...
-BUDGET_COMPILES = 4   # ... or this many times the traced program's own compile, whichever is more
+BUDGET_SECONDS = 5.0  # what measuring may spend per plan, at least ...
+BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
 
 
 def cache_dir() -> str:
@@ -52,7 +52,7 @@ def enabled() -> bool:
 @dataclass
 class Budget:
     """What one plan may spend measuring, and what it spent (reported by `explain`)."""
-    seconds: float = BUDGET_SECONDS
+    seconds: float | None = BUDGET_SECONDS   # None: BUDGET_COMPILES x the first compile (at least BUDGET_SECONDS)
     spent: float = 0.0
     compiles: int = 0
     timed: int = 0
@@ -61,7 +61,7 @@ class Budget:
     _memo: dict = field(default_factory=dict, repr=False)
 
     def allows(self) -> bool:
-        if self.spent >= self.seconds:
+        if self.seconds is not None and self.spent >= self.seconds:
             self.exhausted = True
         return not self.exhausted
 
@@ -118,7 +118,10 @@ def _compiled(closed, budget: Budget):
         fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
         budget._memo[key] = fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile()
         budget.compiles += 1
-        budget.spent += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        budget.spent += took
+        if budget.seconds is None:
+            budget.seconds = max(BUDGET_SECONDS, BUDGET_COMPILES * took)
     return budget._memo[key]
 
 
@@ -196,17 +199,21 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
         with jax.ensure_compile_time_eval():    # run here, even while an enclosing jit traces the call
             fns = [_compiled(before, budget), _compiled(after, budget)]
             best = _interleaved(fns, args, budget)
+            if best is None:
+                return None
             r = best[1] / best[0]
-            if 1 + NOISE < max(r, 1 / r) < 1 + MARGINAL:      # close to the line: time again, keep the min
-                best = [min(a, b) for a, b in zip(best, _interleaved(fns, args, budget))]
+            if max(best) < RUN_SECONDS and 1 + NOISE < max(r, 1 / r) < 1 + MARGINAL:   # close: again, keep the min
+                again = _interleaved(fns, args, budget)
+                best = best if again is None else [min(a, b) for a, b in zip(best, again)]
     except Exception:  # noqa: BLE001 - a program that cannot run on its own (sharding, callbacks)
         return None
     _disk(key, {"seconds": list(best)})
     return tuple(best)
 
 
-def _interleaved(fns, args, budget: Budget) -> list[float]:
-    """Min-of-N seconds of each compiled program, rounds interleaved (the machine's drift hits all alike)."""
+def _interleaved(fns, args, budget: Budget) -> list[float] | None:
+    """Min-of-N seconds of each compiled program, rounds interleaved (the machine's drift hits all alike);
+    None if, after one warm-up run each, the rounds would not fit what is left of the budget."""
     t0 = time.perf_counter()
     first = []
     for f in fns:
@@ -214,8 +221,15 @@ def _interleaved(fns, args, budget: Budget) -> list[float]:
         jax.block_until_ready(f(*args))
         first.append(time.perf_counter() - s)
     calls = max(1, min(50, int(SAMPLE_SECONDS / max(min(first), 1e-6))))
-    best = [np.inf] * len(fns)
-    for _ in range(MIN_REPS if max(first) > RUN_SECONDS else REPS):
+    long = max(first) > RUN_SECONDS     # a long run: its warm-up counts as a sample (compiled already)
+    reps = MIN_REPS - 1 if long else REPS
+    if budget.seconds is not None and \
+            budget.spent + (time.perf_counter() - t0) + reps * sum(first) * calls > budget.seconds:
+        budget.spent += time.perf_counter() - t0
+        budget.exhausted = True
+        return None
+    best = list(first) if long else [np.inf] * len(fns)
+    for _ in range(reps):
         for i, f in enumerate(fns):
             s = time.perf_counter()
             for _ in range(calls):

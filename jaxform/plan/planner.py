@@ -246,10 +246,11 @@ class _Costs:
         temp = _measure.temp_bytes(prog, self.budget)
         return v if temp is None else ViewCost(v.view, float(temp), v.seconds, "XLA", v.time_from)
 
-    def pair(self, ref, prop, plain=None) -> tuple[Cost, Cost, tuple | None]:
-        """Costs of `ref` and `prop` (and, for a memory decision, `plain`'s times measured beside them)."""
+    def pair(self, ref, prop, decided_by_memory=None) -> tuple[Cost, Cost, tuple | None]:
+        """Costs of `ref` and `prop`, times measured where the model cannot tell them apart, unless
+        `decided_by_memory(before, after)` says memory alone settles it (nothing to time)."""
         before, after = self.model(ref), self.model(prop)
-        if not self.measuring:
+        if not self.measuring or (decided_by_memory is not None and decided_by_memory(before, after)):
             return before, after, None
         bv, av, measured = list(before.views), list(after.views), None
         for k, (b, a) in enumerate(zip(bv, av)):
@@ -295,12 +296,9 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
         use = FORWARD_OF_GRADIENT     # `optimize(jax.grad(f))`: what runs is this program, not its own gradient
     # the machine is asked only where it is the one planned for (`planning_for("gpu")` on a CPU: the model)
     measuring = tune or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
-    budget = _measure.Budget(math.inf if tune else _measure.BUDGET_SECONDS)
+    # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
+    budget = _measure.Budget(math.inf if tune else None)
     costs = _Costs(use, budget, example_args, measuring, tune)
-    if measuring and not tune:
-        c0 = time.perf_counter()
-        costs.model(closed)                  # the traced program compiled in each view: the budget's yardstick
-        budget.seconds = max(_measure.BUDGET_SECONDS, _measure.BUDGET_COMPILES * (time.perf_counter() - c0))
     if not use.differentiated:               # nothing to remember under a forward use: no memory planning
         pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
     out = _Planning(closed, list(pipeline), memory, strict, where, costs).run()
@@ -316,14 +314,31 @@ class _Planning:
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
         self.run_passes = lambda c, ps: run_passes(c, ps, strict=strict, where=where)
         self.always = [p for p in pipeline if base_name(p) not in DECIDED]
-        self.plain = costs.model(closed)
+        self._plain = None
+
+    @property
+    def plain(self) -> Cost:
+        """The traced program's cost, asked for only once a proposal is judged (nothing to plan: no compile)."""
+        if self._plain is None:
+            self._plain = self.costs.model(self.closed)
+        return self._plain
 
     def judged(self, i, state, cand, name):
         tail = [q for q in self.pipeline[i + 1:] if q in self.always]   # judge what dce etc. make of both
         ref, prop = self.run_passes(state, tail), self.run_passes(cand, tail)
-        before, after, measured = self.costs.pair(ref, prop)
+        self.plain      # noqa: B018 - the traced program first: its compile sets the measuring budget
+        before, after, measured = self.costs.pair(ref, prop, lambda b, a: self.memory_settles(b, a, name))
         keep, why = judge(self.plain, before, after, memory_pass=name in MEMORY_PASSES, memory=self.memory)
         return keep, why, before, after, measured
+
+    def memory_settles(self, before: Cost, after: Cost, name: str) -> bool:
+        """Is the verdict on `name`'s proposal one that no time could change? (XLA's memory refuses it, or a
+        budget/"min" keeps it whatever the time.) Then nothing is timed."""
+        untimed = lambda c: Cost(tuple(ViewCost(v.view, v.temp_bytes, None, v.memory_from) for v in c.views))
+        keep, why = judge(self.plain, untimed(before), untimed(after), memory_pass=name in MEMORY_PASSES,
+                          memory=self.memory)
+        return (not keep and "memory" in why and "gives back" not in why) or \
+            (keep and name in MEMORY_PASSES and self.memory != "auto")
 
     def run(self) -> Plan:
         pipeline, closed = self.pipeline, self.closed

@@ -1,0 +1,173 @@
+"""The planner decides on what the machine reports (issue 37), for the use the function is traced under.
+
+* the use: forward (concrete inputs), `jax.grad` (linearize tracers: the gradient w.r.t. exactly those
+  inputs), `jax.vmap` (the batched program), unknown under `jax.jit` (forward and gradient);
+* memory is XLA's, time measured where the model cannot tell: a fake measurement reverses the model's
+  verdict both ways (deterministic), and real measurements decide the clear cases on both JAX versions;
+* what planning spent is reported, slow planning says so, nothing to plan compiles nothing.
+"""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxform
+from jaxform.plan import measure, planner
+
+from plan.programs import programs
+
+PROGRAMS = programs()
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFORM_TUNE_CACHE", str(tmp_path))
+
+
+def temp(f, *args) -> int:
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def _use(call):
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    call(o, args)
+    return o.plan().use
+
+
+def test_the_use_is_read_from_the_inputs():
+    assert _use(lambda o, a: o(*a)).label == "forward"
+    assert not _use(lambda o, a: jax.jit(o)(*a)).known
+    g = _use(lambda o, a: jax.grad(o, argnums=0)(*a))
+    assert g.label == "grad" and g.steps == (("grad", (0,)),)
+    assert _use(lambda o, a: jax.jit(jax.grad(o, argnums=(0, 2)))(*a)).steps == (("grad", (0, 2)),)
+    v = _use(lambda o, a: jax.vmap(o, in_axes=(None, 1, 1))(*a))
+    assert v.steps == (("vmap", (None, 1, 1), a_batch(PROGRAMS["rnn_mse"][1])),)
+    vg = _use(lambda o, a: jax.vmap(jax.grad(o), in_axes=(None, 1, 1))(*a))
+    assert [s[0] for s in vg.steps] == ["grad", "vmap"]
+    gv = _use(lambda o, a: jax.grad(lambda w: jnp.sum(jax.vmap(o, in_axes=(None, 1, 1))(w, a[1], a[2])))(a[0]))
+    assert [s[0] for s in gv.steps] == ["vmap", "grad"]
+
+
+def a_batch(args):
+    return args[1].shape[1]
+
+
+def test_uses_are_planned_apart_and_cached_apart():
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    o(*args)
+    assert not any(planner.base_name_of(d) == "remat_loops" for d in o.decisions())   # forward: no memory pass
+    assert all(v.view == "forward" for d in o.decisions() for v in d.after.views)
+    jax.grad(o)(*args)
+    assert o.cache_size() == 2
+    assert all(v.view == "grad" for d in o.decisions() for v in d.after.views)
+    assert any(planner.base_name_of(d) == "remat_loops" for d in o.decisions())
+
+
+def _fake_seconds(before_s, after_s):
+    def seconds(before, after, budget, example_args=None):
+        budget.timed += 1
+        return before_s, after_s
+    return seconds
+
+
+@pytest.mark.parametrize("measured, kept", [((1.0, 0.8), True), ((1.0, 1.3), False)])
+def test_the_measurement_decides_not_the_model(monkeypatch, measured, kept):
+    """The model predicts remat of the RNN's gradient about as fast (a close call): what the (faked)
+    machine says decides, both ways."""
+    monkeypatch.setattr(measure, "seconds", _fake_seconds(*measured))
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    jax.grad(o)(*args)
+    (d,) = [d for d in o.decisions() if planner.base_name_of(d) == "remat_loops"]
+    assert d.kept == kept and d.measured == measured, d
+    assert ("measured slower" in d.why) == (not kept)
+    assert all(v.memory_from == "XLA" for v in d.after.views)
+
+
+def test_no_measurement_means_the_model(monkeypatch):
+    monkeypatch.setenv("JAXFORM_MEASURE", "0")
+    monkeypatch.setattr(measure, "seconds", lambda *a, **k: pytest.fail("timed with JAXFORM_MEASURE=0"))
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    jax.grad(o)(*args)
+    b = o.plan().budget
+    assert b.compiles == 0 and all(v.memory_from == "model" for d in o.decisions() for v in d.after.views)
+
+
+@cpu_only
+def test_max_plus_sum_fused_when_used_forward():
+    """Issue 37: `max(ys * 2) + sum(ys)` over a 512-step scan; fusion cuts forward temp memory many times
+    over. It was refused on JAX 0.12 for a predicted gradient growth nobody asked for: used forward, the
+    gradient is not planned, and the machine measures the forward."""
+    def f(w, xs):
+        _, ys = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros(xs.shape[1:]), xs)
+        return jnp.max(ys * 2) + jnp.sum(ys)
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((32, 32)) * 0.2, jnp.float32)
+    xs = jnp.asarray(np.random.default_rng(1).standard_normal((512, 16, 32)), jnp.float32)
+    o = jaxform.optimize(f)
+    y = o(w, xs)
+    assert {planner.base_name_of(d): d.kept for d in o.decisions()}.get("fuse_scan_reductions"), o.decisions()
+    assert temp(jaxform.optimize(f), w, xs) * 10 < temp(f, w, xs)     # the stacked states are gone
+    assert np.allclose(y, f(w, xs), rtol=1e-5)
+
+
+@cpu_only
+def test_hoisting_a_checkpointed_invariant_is_kept_under_grad():
+    """Issue 37: a `jax.checkpoint`ed scan body recomputing `W @ W.T` each step. Under `jax.grad` the planner
+    plans the gradient and hoisting wins there by an order of magnitude (measured), at less memory."""
+    H = 64
+
+    def f(w, xs):
+        @jax.checkpoint
+        def body(h, x):
+            return jnp.tanh(h @ (w @ w.T) + x), None
+        h, _ = lax.scan(body, jnp.zeros((8, H)), xs)
+        return jnp.sum(h ** 2)
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((H, H)) * 0.1, jnp.float32)
+    xs = jnp.asarray(np.random.default_rng(1).standard_normal((200, 8, H)), jnp.float32)
+    o = jaxform.optimize(f)
+    g = jax.grad(o)(w, xs)
+    d = {planner.base_name_of(d): d for d in o.decisions()}["hoist_loop_invariants"]
+    assert d.kept, d
+    assert temp(jax.grad(o), w, xs) <= temp(jax.grad(f), w, xs)
+    assert np.allclose(g, jax.grad(f)(w, xs), rtol=1e-4, atol=1e-6)
+
+
+def test_nothing_to_plan_compiles_nothing():
+    def f(x):      # a loop no pass rewrites
+        return lax.scan(lambda c, x: (c * x, None), 1.0, x)[0]
+    o = jaxform.optimize(f)
+    jax.jit(o)(jnp.arange(1.0, 5.0))
+    assert o.decisions() == [] and o.plan().budget.compiles == 0
+
+
+def test_slow_planning_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(planner, "SLOW_PLAN_SECONDS", 0.0)
+    fn, args = PROGRAMS["rnn_mse"]
+    with caplog.at_level(logging.WARNING, logger="jaxform"):
+        jax.grad(jaxform.optimize(fn))(*args)
+    (rec,) = [r for r in caplog.records if "planning" in r.getMessage()]
+    assert "rnn_mse" in rec.getMessage() and "compiled" in rec.getMessage()
+
+
+def test_explain_reports_the_use_and_the_cost():
+    fn, args = PROGRAMS["rnn_mse"]
+    text = str(jaxform.explain(fn, *args, memory=False))
+    assert "planner: planned for forward and grad" in text and "candidate program(s) compiled" in text
+
+
+def test_budget_spent_falls_back_to_the_model(monkeypatch):
+    monkeypatch.setattr(measure, "BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(measure, "BUDGET_COMPILES", 0.0)
+    fn, args = PROGRAMS["lstm_tanh"]
+    o = jaxform.optimize(fn)
+    jax.jit(o)(*args)
+    b = o.plan().budget
+    assert b.exhausted and "budget spent" in str(b)
+    assert any(v.memory_from == "model" or v.time_from == "model" for d in o.decisions() for v in d.after.views)
