@@ -1,7 +1,12 @@
 """Test setup: verify every graph a pass emits; 8 host CPU devices for sharding tests."""
 import os
+import tempfile
 
 os.environ.setdefault("JAXFORM_CHECK", "1")
+# The planner asks XLA for memory but times nothing (timing every candidate would make the suite slow and its
+# verdicts noise-dependent); tests/plan/test_measured.py turns timing on where it tests it.
+os.environ.setdefault("JAXFORM_MEASURE", "memory")
+os.environ.setdefault("JAXFORM_TUNE_CACHE", tempfile.mkdtemp(prefix="jaxform-test-cache-"))   # no stale answers
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 if os.environ.get("JAXFORM_TEST_SCAN3") == "1":

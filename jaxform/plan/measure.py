@@ -49,6 +49,12 @@ def enabled() -> bool:
     return os.environ.get("JAXFORM_MEASURE", "1") != "0"
 
 
+def timing() -> bool:
+    """JAXFORM_MEASURE=memory asks XLA for memory but times nothing (decisions on time are the model's:
+    deterministic, what the test suite runs under); the default also times."""
+    return os.environ.get("JAXFORM_MEASURE", "1") not in ("0", "memory")
+
+
 @dataclass
 class Budget:
     """What one plan may spend measuring, and what it spent (reported by `explain`)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -42,12 +43,16 @@ from ..ir import Graph
 from ..ir.identity import structure
 from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
+from .per_loop import only_loop, top_loops
 from .use import UNKNOWN, Use
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
                      "thin_residuals", "remat_loops"})
 MEMORY_PASSES = frozenset({"remat_loops"})
+# judged one top-level loop at a time where a program has several (remat_loops: its schedule is per loop
+# already; stream_rows: judged with the fusion it enables)
+PER_LOOP = DECIDED - MEMORY_PASSES - {"stream_rows"}
 # A rewrite that pays only through a later pass (streaming a buffer's rows costs a stack that only fusion
 # reduces away) is judged together with that pass; if the later pass then is not kept, it is undone.
 ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_then_pull_back"}
@@ -114,6 +119,7 @@ class Plan:
     closed: object
     decisions: list = field(default_factory=list)
     skipped: frozenset = frozenset()     # indices into the pipeline of the passes left out
+    partial: bool = False                # some pass kept for some loops only (`closed` is the plan, not a replay)
     use: Use = UNKNOWN
     budget: _measure.Budget | None = None
     seconds: float = 0.0
@@ -154,7 +160,8 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory) 
         return _judge_memory(plain, before, after, memory)
     for a in after.views:
         p, b = plain[a.view], before[a.view]
-        if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + MEMORY_REL):
+        exact = a.memory_from == p.memory_from == b.memory_from == "XLA"     # XLA's bytes: no tolerance
+        if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + (0 if exact else MEMORY_REL)):
             return False, f"more {a.view} temp memory than the program as traced"
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
     big_win = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
@@ -250,7 +257,8 @@ class _Costs:
         """Costs of `ref` and `prop`, times measured where the model cannot tell them apart, unless
         `decided_by_memory(before, after)` says memory alone settles it (nothing to time)."""
         before, after = self.model(ref), self.model(prop)
-        if not self.measuring or (decided_by_memory is not None and decided_by_memory(before, after)):
+        if not self.measuring or not (self.tune or _measure.timing()) or \
+                (decided_by_memory is not None and decided_by_memory(before, after)):
             return before, after, None
         bv, av, measured = list(before.views), list(after.views), None
         for k, (b, a) in enumerate(zip(bv, av)):
@@ -315,6 +323,7 @@ class _Planning:
         self.run_passes = lambda c, ps: run_passes(c, ps, strict=strict, where=where)
         self.always = [p for p in pipeline if base_name(p) not in DECIDED]
         self._plain = None
+        self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
 
     @property
     def plain(self) -> Cost:
@@ -367,6 +376,14 @@ class _Planning:
             if _same(cand, good):
                 undo_pending(i, name)
                 continue
+            if name in PER_LOOP and len(top_loops(Graph.from_jaxpr(good))) > 1:
+                good, kept = self.loop_by_loop(i, p, name, good, decisions)
+                if kept:
+                    won.append(i)
+                else:
+                    skip.add(i)
+                self.partial |= kept and not _same(good, self.run_passes(self.replay(pipeline[:i], skip), [p]))
+                continue
             keep, why, before, after, measured = self.judged(i, good, cand, name)
             if not keep and why.startswith("more grad") and name not in MEMORY_PASSES:
                 keep, why = self.after_memory_planning(i, good, cand, keep, why)
@@ -397,7 +414,7 @@ class _Planning:
             pending.pop(name, None)
         chosen = self.guard(good, decisions)
         return Plan(chosen, decisions, frozenset(skip) if chosen is good else
-                    frozenset(k for k, p in enumerate(pipeline) if base_name(p) in DECIDED))
+                    frozenset(k for k, p in enumerate(pipeline) if base_name(p) in DECIDED), partial=self.partial)
 
     def guard(self, chosen, decisions: list):
         """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
@@ -412,12 +429,35 @@ class _Planning:
             plain, opt = _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)
             if plain is None or opt is None:
                 continue
-            if opt > plain * (1 + MEMORY_REL) and not (isinstance(self.memory, str) and self.memory == "min"):
+            if opt > plain:       # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance
                 decisions.append(Decision("planner", False, self.plain, self.plain,
                                           f"XLA measured {view} temp {opt} B > {plain} B as traced: "
                                           f"no loop rewrite is kept"))
                 return self.run_passes(self.closed, self.always)
         return chosen
+
+    def loop_by_loop(self, i, p, name, good, decisions: list):
+        """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits."""
+        kept = False
+        n = len(top_loops(Graph.from_jaxpr(good)))
+        for k in range(n):
+            loops = top_loops(Graph.from_jaxpr(good))
+            if len(loops) != n:            # a kept rewrite changed the loop count: the rest as one proposal
+                break
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cand = self.run_passes(good, [only_loop(p, k)])
+            if _same(cand, good):
+                continue
+            keep, why, before, after, measured = self.judged(i, good, cand, name)
+            if not keep and why.startswith("more grad"):
+                keep, why = self.after_memory_planning(i, good, cand, keep, why)
+            where = loops[k].location() or "no source line"
+            decisions.append(Decision(f"{getattr(p, 'pass_name', name)} [loop {k + 1} of {n}, {where}]", keep,
+                                      before, after, why, measured))
+            if keep:
+                good, kept = cand, True
+        return good, kept
 
     def replay(self, pipeline, skip: set):
         """The traced program through `pipeline` less the passes at the indices in `skip`."""
