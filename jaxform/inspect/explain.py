@@ -156,6 +156,10 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
+    if passes is None and chosen.partial:   # a pass kept for some loops only: the stages replay it whole
+        after = chosen.closed
+        report.decisions.append("some passes were kept for some loops only: the stages below apply them to "
+                                "every loop; the totals are the planned program's")
     mems: dict = {}
 
     def mem(c):

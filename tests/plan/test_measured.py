@@ -175,3 +175,27 @@ def test_budget_spent_falls_back_to_the_model(monkeypatch):
     b = o.plan().budget
     assert b.exhausted and "budget spent" in str(b)
     assert any(v.memory_from == "model" or v.time_from == "model" for d in o.decisions() for v in d.after.views)
+
+
+def test_decided_per_loop(monkeypatch):
+    """Two loops whose stacked states a loss reduces: fusion proposes both. Judged loop by loop, the
+    (faked) machine keeps the first and refuses the second; the program keeps exactly that."""
+    monkeypatch.setattr(measure, "seconds", _fake_seconds((1.0, 0.8), (1.0, 1.5)))
+
+    def f(w, xs, zs):
+        _, ys = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros(xs.shape[1:]), xs)
+        _, us = lax.scan(lambda h, x: (jnp.tanh(h @ w.T + x),) * 2, jnp.zeros(zs.shape[1:]), zs)
+        return jnp.sum(ys ** 2) + jnp.mean(us)
+    r = np.random.default_rng(0)
+    w = jnp.asarray(r.standard_normal((16, 16)) * 0.2, jnp.float32)
+    xs, zs = (jnp.asarray(r.standard_normal(s), jnp.float32) for s in ((100, 8, 16), (100, 8, 16)))
+    o = jaxform.optimize(f)
+    y = o(w, xs, zs)
+    fused = [d for d in o.decisions() if d.pass_name.startswith("fuse_scan_reductions [loop")]
+    assert [d.kept for d in fused] == [True, False], o.decisions()
+    assert o.plan().partial
+    stacked = [v for e in o.plan().closed.jaxpr.eqns if e.primitive.name == "scan"
+               for v in e.outvars if v.aval.shape[:1] == (100,)]
+    assert len(stacked) == 1                      # one loop still stacks its states, the other does not
+    assert np.allclose(y, f(w, xs, zs), rtol=1e-5)
+    assert np.allclose(jax.grad(o)(w, xs, zs), jax.grad(f)(w, xs, zs), rtol=1e-4, atol=1e-6)
