@@ -188,7 +188,7 @@ def _memory_passes(memory, max_steps, name: str) -> list:
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] | None = None,
              static_argnames: str | Sequence[str] | None = None, memory="default", tune: bool = False,
-             max_steps: int | None = None) -> Callable:
+             max_steps: int | None = None, plan: bool | None = None) -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
     The default pipeline is planned (`jaxform.plan`, docs/planner.md): each loop rewrite a pass
@@ -223,7 +223,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         differentiate them (JAX alone cannot): each becomes a bounded scan under `grad` only, its memory
         planned like a scan's; a gradient past the bound is NaN (docs/remat.md). A loop whose condition is
         `i < N` (an integer counter from a literal, +1 per step) needs none. Needs `memory` set.
-    `passes=[...]` runs exactly the passes it names, unplanned.
+    plan: whether the planner judges each deciding pass's proposal (default: only for the default pipeline).
+        `passes=[...]` runs exactly the passes it names, unplanned, unless plan=True: then the pipeline
+        is planned like the default one, and a pass registered `decided=True` is judged too
+        (docs/extending.md).
 
     Traces with `jax.jit`'s rules, so tracing errors name `fn` and the argument path.
     Caches per argument types, static arguments and JAX configuration (the state
@@ -233,12 +236,14 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     if fn is None:
         return functools.partial(optimize, passes=passes, exact=exact, strict=strict,
                                  static_argnums=static_argnums, static_argnames=static_argnames, memory=memory,
-                                 tune=tune, max_steps=max_steps)
+                                 tune=tune, max_steps=max_steps, plan=plan)
     if not callable(fn):
         raise TypeError(f"jaxform.optimize expects a function, got {type(fn).__name__}")
+    if plan is not None and not isinstance(plan, (bool, np.bool_)):
+        raise TypeError(f"jaxform.optimize({_fn_name(fn)}): plan must be True, False or None, got {plan!r}")
     _check_options("jaxform.optimize", fn, exact=exact, strict=strict, memory=memory, tune=tune,
                    max_steps=max_steps)
-    planned = passes is None
+    planned = passes is None if plan is None else bool(plan)
     pipeline = _pipeline(passes, exact)
     if memory == "default":
         memory = "auto" if passes is None else None

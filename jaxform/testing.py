@@ -84,3 +84,63 @@ def assert_pass_ok(p, fn: Callable, *args, **kwargs):
 
     assert_same(fn, transformed, *args, **kwargs)
     return out
+
+
+# ---- a pass's checks for free ------------------------------------------------------------------------
+
+def loop_programs() -> dict:
+    """Small loop programs that have found bugs in loop passes, `name -> (fn, args[, assert_same options])`: a scan RNN and its
+    loss, a reverse scan, lengths 0 and 1, an integer body, float16 with float32 accumulation, a
+    callback in the body (order and count), RNG, a `custom_jvp` rule, weak-typed scalars, a while loop."""
+    from jax import lax
+    r = np.random.default_rng(0)
+    a = lambda *s: jnp.asarray(r.standard_normal(s) * 0.3, jnp.float32)  # noqa: E731
+    w, xs = a(8, 8), a(12, 4, 8)
+
+    def rnn(w, xs, reverse=False):
+        return lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros(xs.shape[1:]), xs, reverse=reverse)[1]
+
+    @jax.custom_jvp
+    def soft(x):
+        return jnp.log1p(jnp.exp(x))
+    soft.defjvp(lambda p, t: (soft(p[0]), t[0] * jax.nn.sigmoid(p[0])))
+
+    def cb_body(h, x):
+        jax.debug.callback(lambda v: None, x[0, 0], ordered=True)
+        return h + jnp.sin(x), None
+
+    return {
+        "rnn_mse": (lambda w, xs: jnp.mean((rnn(w, xs) - 0.1) ** 2), (w, xs)),
+        "rnn_reverse": (lambda w, xs: jnp.sum(rnn(w, xs, True) ** 2), (w, xs)),
+        "length0": (lambda w, xs: jnp.sum(rnn(w, xs[:0]) ** 2) + jnp.sum(w), (w, xs)),
+        "length1": (lambda w, xs: jnp.max(rnn(w, xs[:1])), (w, xs)),
+        "integer_body": (lambda n: lax.scan(lambda c, i: (c * 3 + i, c // 2), n, jnp.arange(7))[1].sum(),
+                         (jnp.int32(5),)),
+        "float16": (lambda w, xs: jnp.sum(rnn(w.astype(jnp.float16), xs.astype(jnp.float16)),
+                                          dtype=jnp.float32), (w, xs)),
+        "callback": (lambda w, xs: lax.scan(cb_body, w[:4], xs)[0].sum(), (w, xs)),
+        "rng": (lambda w, xs: lax.scan(lambda k, x: (jax.random.split(k)[0], x * jax.random.normal(k, x.shape)),
+                                       jax.random.key(0), xs)[1].sum() + w.sum(), (w, xs)),
+        "custom_jvp": (lambda w, xs: jnp.sum(lax.scan(lambda h, x: (soft(h @ w + x),) * 2, xs[0], xs)[1]),
+                       (w, xs)),
+        "weak_scalar": (lambda w, xs: lax.scan(lambda c, x: (c * 0.5 + jnp.sum(x), c), 1.0, xs)[1].sum(), (w, xs)),
+        "while": (lambda w, xs: lax.while_loop(lambda c: c[1] < 5, lambda c: (jnp.tanh(c[0] @ w), c[1] + 1),
+                                               (xs[0], 0))[0].sum(), (w, xs), {"grad": False}),
+    }
+
+
+def check_pass(p, programs: dict | None = None, **kwargs) -> dict:
+    """`assert_pass_ok(p, ...)` over `loop_programs()` (or `programs`), and the same through a planned
+    pipeline (`optimize(f, passes=[p], plan=True)`, grad and vmap included): what every jaxform loop pass
+    must survive. Returns `name -> True if p changed that program`."""
+    from .optimize import optimize
+    changed = {}
+    for name, (fn, args, *opts) in (programs or loop_programs()).items():
+        kw = {"grad": bool(_float_argnums(args)), **(opts[0] if opts else {}), **kwargs}
+        try:
+            out = assert_pass_ok(p, fn, *args, **kw)
+        except AssertionError as e:
+            raise AssertionError(f"{getattr(p, 'pass_name', p)} on {name}: {e}") from None
+        changed[name] = str(out) != str(run_passes(jax.make_jaxpr(fn)(*args), []))
+        assert_same(fn, optimize(fn, passes=[p, "dce"], plan=True), *args, **{**kw, "vmap": False, "jit": False})
+    return changed

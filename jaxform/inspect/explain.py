@@ -118,7 +118,7 @@ def _with_stats(p, stats: dict):
 
 def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: bool = True,
             measure: bool = False, reps: int = 5, progress: bool = False, loop_memory="default",
-            for_use=None) -> Report:
+            for_use=None, plan: bool | None = None) -> Report:
     """Run the pipeline on `fn(*args)` and report each pass that changed the program.
 
     args: arrays or `jax.ShapeDtypeStruct`s (pytrees of them); `measure=True`
@@ -128,6 +128,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     loop_memory: `optimize`'s `memory=` setting; as there, "auto" with the default pipeline.
         Each loop's schedule, predicted bytes and recompute factor are reported.
     progress: print long steps (compile, measurement) on stderr.
+    plan: plan the pipeline (default: only the default one), as `optimize(plan=...)`.
     for_use: the `plan.Use` to plan for (default: forward and gradient, as `jax.jit(optimize(fn))` is planned,
         where nothing tells how the result will be used).
     """
@@ -143,11 +144,12 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         pipe.append(with_memory(loop_memory))
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
-    if passes is None:       # the default pipeline is planned, as in `optimize`: report each verdict
-        from ..plan import UNKNOWN, plan
+    planned = passes is None if plan is None else bool(plan)
+    if planned:              # the default pipeline is planned, as in `optimize`: report each verdict
+        from ..plan import UNKNOWN, plan as plan_pipeline
         use = UNKNOWN if for_use is None else for_use
         with step("planning"):
-            chosen = plan(closed, pipe, memory=loop_memory, use=use,
+            chosen = plan_pipeline(closed, pipe, memory=loop_memory, use=use,
                           example_args=flat)
         report.decisions = [str(d) for d in chosen.decisions]
         if chosen.budget is not None:
@@ -156,7 +158,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
-    if passes is None and chosen.partial:   # a pass kept for some loops only: the stages replay it whole
+    if planned and chosen.partial:   # a pass kept for some loops only: the stages replay it whole
         after = chosen.closed
         report.decisions.append("some passes were kept for some loops only: the stages below apply them to "
                                 "every loop; the totals are the planned program's")

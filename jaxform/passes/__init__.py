@@ -13,17 +13,20 @@ from ..ir import Graph
 PASSES: dict[str, Callable[[Graph], Graph]] = {}
 
 
-def register(name: str | None = None, *, exact: bool = True, loops: bool = False):
-    """Register `fn(graph) -> graph` as a pass (sets `fn.pass_name`, `fn.exact`).
+def register(name: str | None = None, *, exact: bool = True, loops: bool = False, decided: bool = False):
+    """Register `fn(graph) -> graph` as a pass (sets `fn.pass_name`, `fn.exact`, `fn.decided`).
 
     loops=True: a loop pass; loops over refs (JAX's Scan3) are first read as the scans they stand
     for (`state.ref_loops`), so the pass sees them when called on a Graph directly too, and loops
     it traces itself are built with jax_scan3/jax_remat3 off (`_jax.classic_loops`).
+    decided=True: in a planned pipeline (`optimize(f, passes=[...], plan=True)`) the pass *proposes*
+    and the planner decides whether to keep it, as for jaxform's own loop passes: on XLA's memory and
+    measured time, for the use the function is traced under, one loop at a time (docs/extending.md).
     """
     def wrap(fn):
         if loops:
             fn = _reading_ref_loops(fn)
-        fn.pass_name, fn.exact = name or fn.__name__, exact
+        fn.pass_name, fn.exact, fn.decided = name or fn.__name__, exact, decided
         PASSES[fn.pass_name] = fn
         return fn
     return wrap

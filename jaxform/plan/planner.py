@@ -125,6 +125,11 @@ class Plan:
     seconds: float = 0.0
 
 
+def decided(p) -> bool:
+    """Is `p` a proposal the planner judges? Ours (`DECIDED`), and any pass registered `decided=True`."""
+    return base_name(p) in DECIDED or bool(getattr(p, "decided", False))
+
+
 def base_name(p) -> str:
     name = getattr(p, "pass_name", None) or getattr(p, "__name__", "") or ""
     return name.split("(")[0]
@@ -321,7 +326,7 @@ class _Planning:
     def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
         self.run_passes = lambda c, ps: run_passes(c, ps, strict=strict, where=where)
-        self.always = [p for p in pipeline if base_name(p) not in DECIDED]
+        self.always = [p for p in pipeline if not decided(p)]
         self._plain = None
         self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
 
@@ -368,15 +373,15 @@ class _Planning:
         for i, p in enumerate(pipeline):
             name = base_name(p)
             cand = self.run_passes(good, [p])
-            if name not in DECIDED or cand is good:
+            if not decided(p) or cand is good:
                 good = cand
-                if name in DECIDED:
+                if decided(p):
                     undo_pending(i, name)
                 continue
             if _same(cand, good):
                 undo_pending(i, name)
                 continue
-            if name in PER_LOOP and len(top_loops(Graph.from_jaxpr(good))) > 1:
+            if (name in PER_LOOP or getattr(p, "decided", False)) and len(top_loops(Graph.from_jaxpr(good))) > 1:
                 good, kept = self.loop_by_loop(i, p, name, good, decisions)
                 if kept:
                     won.append(i)
@@ -414,7 +419,7 @@ class _Planning:
             pending.pop(name, None)
         chosen = self.guard(good, decisions)
         return Plan(chosen, decisions, frozenset(skip) if chosen is good else
-                    frozenset(k for k, p in enumerate(pipeline) if base_name(p) in DECIDED), partial=self.partial)
+                    frozenset(k for k, p in enumerate(pipeline) if decided(p)), partial=self.partial)
 
     def guard(self, chosen, decisions: list):
         """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
@@ -470,7 +475,7 @@ class _Planning:
         later = [q for q in self.pipeline[i + 1:] if base_name(q) in MEMORY_PASSES]
         if not later:
             return keep, why
-        tail = [q for q in self.pipeline[i + 1:] if base_name(q) not in DECIDED or q in later]
+        tail = [q for q in self.pipeline[i + 1:] if not decided(q) or q in later]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory)
         return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
@@ -509,4 +514,4 @@ def _same(a, b) -> bool:
         return False
 
 
-__all__ = ["Decision", "Plan", "Cost", "ViewCost", "plan", "judge", "DECIDED"]
+__all__ = ["Decision", "Plan", "Cost", "ViewCost", "plan", "judge", "decided", "DECIDED"]
