@@ -11,6 +11,7 @@ from .state import for_loop, scan, discharge
 
 __version__ = "0.1.0"
 from .autograph import autograph, AutographError
-from .rewrite import Pat, Rules, rule_by_example, rewrite
+from .rewrite import Pat, Rules, rule_by_example
+from .rewriting import rewrite
 from .ir.build import Builder, BuildError
 from .inspect import show, explain, draw

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax
-from .optimize import run_passes, verify
+from .optimize import optimize, run_passes, verify
 
 
 def _tol(x, rtol, atol):
@@ -133,7 +133,6 @@ def check_pass(p, programs: dict | None = None, **kwargs) -> dict:
     """`assert_pass_ok(p, ...)` over `loop_programs()` (or `programs`), and the same through a planned
     pipeline (`optimize(f, passes=[p], plan=True)`, grad and vmap included): what every jaxform loop pass
     must survive. Returns `name -> True if p changed that program`."""
-    from .optimize import optimize
     changed = {}
     for name, (fn, args, *opts) in (programs or loop_programs()).items():
         kw = {"grad": bool(_float_argnums(args)), **(opts[0] if opts else {}), **kwargs}

@@ -14,6 +14,10 @@ from typing import Callable, Sequence
 
 from ..ir import Graph
 from ..ir.printing import diff
+from ..passes.remat_loops import plan as loop_plan, reschedulable_why, with_memory
+from ..passes.scan_reductions import blockers
+from ..plan import UNKNOWN, plan as plan_pipeline
+from ..plan.memory import loop_schedules
 from . import program
 from .match import match
 from .show import paired_text
@@ -140,13 +144,11 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         loop_memory = "auto" if passes is None else None
     pipe = [_with_stats(p, stats) for p in program.pipeline(passes)]
     if loop_memory is not None:
-        from ..passes.remat_loops import with_memory
         pipe.append(with_memory(loop_memory))
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     planned = passes is None if plan is None else bool(plan)
     if planned:              # the default pipeline is planned, as in `optimize`: report each verdict
-        from ..plan import UNKNOWN, plan as plan_pipeline
         use = UNKNOWN if for_use is None else for_use
         with step("planning"):
             chosen = plan_pipeline(closed, pipe, memory=loop_memory, use=use,
@@ -205,9 +207,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
 
 def loop_plans(graph: Graph, memory) -> list[dict]:
     """Per scan: the schedule `remat_loops` picks under `memory`, or why the loop is left as is."""
-    from ..passes.remat_loops import plan, reschedulable_why
-    from ..plan.memory import loop_schedules
-    plans = plan(graph)
+    plans = loop_plan(graph)
     loop_schedules(plans, memory)
     out = [{"where": program.short_location(n.location()) if n.location() else "", "length": p.length,
             "schedule": p.schedule, "predicted": (p.predicted_bytes("keep"), p.predicted_bytes()),
@@ -222,7 +222,6 @@ def loop_plans(graph: Graph, memory) -> list[dict]:
 
 def unfused_scans(graph: Graph) -> list[dict]:
     """For each scan whose stacked outputs did not fuse: the consumer that blocked it, why, and where."""
-    from ..passes.scan_reductions import blockers
     out, seen = [], set()
     for scan, consumer, why in blockers(graph):
         where = program.short_location(consumer.location()) if consumer is not None and consumer.location() else ""

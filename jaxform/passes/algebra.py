@@ -19,7 +19,7 @@ from jax import lax
 
 from ..rewrite import Pat, Rules
 from ..rewrite.pattern import const_value
-from . import register
+from .registry import register
 
 x, y = Pat.any("x"), Pat.any("y")
 

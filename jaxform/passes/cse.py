@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..ir import Graph
 from ..ir.graph import gc_paused
 from ..ir.identity import is_impure, node_key, structure
-from . import register
+from .registry import register
 
 __all__ = ["cse", "node_key", "structure"]
 

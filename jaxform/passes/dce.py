@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..ir import Graph, Node
 from ..ir.regions import CALLS, scan_roles
-from . import register
+from .registry import register
 
 
 @register()

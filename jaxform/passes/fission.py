@@ -39,7 +39,7 @@ from ..ir.identity import is_impure
 from ..ir.separability import ELEMENTWISE
 from ..ir.sizes import nbytes
 from ..ir.toposort import producers_first
-from . import register
+from .registry import register
 from .inline import inline_call
 from .licm import TRIVIAL
 from .outline import outline

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import _jax
 from ..ir import Graph, Node
 from ..ir.regions import CALLS, regions_of
-from . import register
+from .registry import register
 
 
 def inlinable(node: Node) -> bool:

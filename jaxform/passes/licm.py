@@ -31,15 +31,16 @@ only costs that work once. Exact: the same ops on the same values.
 """
 from __future__ import annotations
 
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
 from ..ir.toposort import producers_first
 from ..ir.linearity import linear_operands
 from ..ir.graph import OUT
 from ..ir.regions import CALLS
-from . import register
+from .registry import register
 from .cse import cse, node_key
+from .inline import inlinable   # a jit that pins nothing: new operands can be unpinned too
 
 EXPANSION_LIMIT = 1 << 20   # bytes a moved node may produce beyond its inputs' size
 TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
@@ -182,7 +183,6 @@ def _peel(region: Graph, call: Node, known: set[int]) -> list[Node]:
 
 
 def _plain_jit(call: Node) -> bool:
-    from .inline import inlinable   # a jit that pins nothing: new operands can be unpinned too
     return bool(call.inputs) and inlinable(call)
 
 
@@ -354,7 +354,6 @@ def sum_then_pull_back(graph: Graph) -> Graph:
 
 
 def _defer_one(graph: Graph, node: Node) -> bool:
-    from ..ir import ScanLoop
     loop = ScanLoop(node)
     body = loop.body
     outer_of = {v.id: o for v, o in zip(loop.body_consts, loop.consts)}

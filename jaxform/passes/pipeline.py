@@ -18,7 +18,8 @@ from .. import _jax
 from ..ir import Graph
 from ..ir.graph import gc_paused
 from ..ir.rules import check_installed_rules
-from . import get as _get, scans_from_ref_loops as _scans_from_ref_loops
+from ..state.ref_loops import scans_from_ref_loops as _scans_from_ref_loops
+from .registry import get as _get
 
 
 class PassError(RuntimeError):

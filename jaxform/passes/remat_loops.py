@@ -58,7 +58,8 @@ from ..ir.identity import is_impure
 from ..ir.separability import varying
 from ..ir.sizes import nbytes
 from ..ir.flops import graph_flops
-from . import register, revolve
+from . import revolve
+from .registry import register
 from .decisions import decider
 
 SCHEDULES = ("keep", "remat", "sqrt", "revolve")

@@ -34,7 +34,7 @@ from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.sizes import value_bytes
 from .decisions import decider
-from . import register
+from .registry import register
 
 MIN_EQNS_PER_SEGMENT = 4
 MATMULS = frozenset({"dot_general", "conv_general_dilated"})

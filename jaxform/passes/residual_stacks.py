@@ -37,7 +37,7 @@ from ..ir.graph import OUT
 from ..ir.identity import is_impure
 from ..ir.regions import scan_roles
 from ..ir.toposort import producers_first
-from . import register
+from .registry import register
 from .dce import dce
 
 # Ops worth recomputing instead of stacking: a stacked row costs a write and a read of the whole

@@ -68,7 +68,7 @@ from ..ir.loops import ScanLoop
 from ..ir.steps import Steps, predicate, selects
 from ..ir.separability import (ELEMENTWISE, NotSeparable, drop_invariant_axis, effect_free, emit_step,
                                keep_varying, like_varying, operand_axes, out_axes, varying, why_not)
-from . import register
+from .registry import register
 from .concat_parts import split_concat_reductions
 from .dce import shrink_unused
 

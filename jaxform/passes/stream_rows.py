@@ -37,7 +37,7 @@ import numpy as np
 
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.graph import OUT
-from . import register
+from .registry import register
 
 
 @register(exact=True, loops=True)

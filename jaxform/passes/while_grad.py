@@ -41,7 +41,7 @@ from .. import _jax
 from ..ir import Graph, Node
 from ..ir.identity import is_impure
 from ..ir.separability import varying
-from . import register
+from .registry import register
 
 BOUND_CMP = {"lt": ("counter", 0), "le": ("counter", 1), "gt": ("limit", 0), "ge": ("limit", 1)}
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _jax
 from ..passes import decisions as _decisions
+from ..passes.pipeline import user_stacklevel as pipeline_stacklevel
 from ..ir import Graph
 from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
@@ -190,8 +191,7 @@ def xla_grad_temp(closed) -> int | None:
 
 
 def user_stacklevel() -> int:
-    from ..passes.pipeline import user_stacklevel as level     # the user's line, not the planner's
-    return level() - 1
+    return pipeline_stacklevel() - 1     # the user's line, not the planner's
 
 
 def _advice() -> str:

@@ -1,42 +1,13 @@
-"""Pattern-matching rewrites: Pat, Rules, rule_by_example, and `rewrite(fn, rules)`.
+"""Pattern-matching rewrites: Pat, Rules, rule_by_example (`jaxform.rewrite(fn, rules)` applies them to a function:
+`jaxform/rewriting.py`, above `optimize`).
 
 See docs/rewrite.md for a tutorial.
 """
 from __future__ import annotations
-
-from typing import Callable, Iterable, Sequence
 
 from .by_example import rule_by_example
 from .engine import Ctx, RewriteError, RewriteStats, Rule, Rules
 from .pattern import Pat
 
 
-def rewrite(fn: Callable | None = None, rules: Rules | Iterable = (), *, strict: bool = True,
-            static_argnums: int | Sequence[int] | None = None,
-            static_argnames: str | Sequence[str] | None = None) -> Callable:
-    """Apply `rules` (only them) to `fn`: a drop-in wrapper like `optimize`, composable with jit/grad/vmap.
-
-    The wrapper's `.stats` (a RewriteStats) counts which rule fired where, over every
-    signature traced so far. strict=True (default) raises if the rules fail (a cycle,
-    a replacement of the wrong type): they are your rules, so you want to know.
-    """
-    from ..optimize import optimize
-    if fn is None:
-        return lambda f: rewrite(f, rules, strict=strict, static_argnums=static_argnums,
-                                 static_argnames=static_argnames)
-    rules = rules if isinstance(rules, Rules) else Rules([rules]) if isinstance(rules, Rule) else Rules(rules)
-    stats = RewriteStats()
-
-    def apply_rules(graph):
-        rules.apply(graph, stats)
-        return graph
-
-    apply_rules.pass_name, apply_rules.exact = rules.pass_name, rules.exact
-    wrapped = optimize(fn, passes=[apply_rules], strict=strict, static_argnums=static_argnums,
-                       static_argnames=static_argnames)
-    wrapped.stats = stats
-    wrapped.rules = rules
-    return wrapped
-
-
-__all__ = ["Pat", "Rules", "Rule", "Ctx", "RewriteStats", "RewriteError", "rule_by_example", "rewrite"]
+__all__ = ["Pat", "Rules", "Rule", "Ctx", "RewriteStats", "RewriteError", "rule_by_example"]
