@@ -485,7 +485,10 @@ def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
     """`closed` under vmap of `size` with `in_axes` (0 or None each), all outputs at 0."""
     specs = [jax.ShapeDtypeStruct(a.shape if ax is None else (size, *a.shape), a.dtype)
              for a, ax in zip(closed.in_avals, in_axes)]
-    f = lambda *a: _core.eval_jaxpr(closed.jaxpr, closed.consts, *a)   # noqa: E731
+    def f(*a):
+        return _core.eval_jaxpr(closed.jaxpr, closed.consts, *a)
+    # keep the callee's name: `_is_jaxform_linear_call` reads it (hessian = jacfwd of jacrev: jvp of a batched one)
+    f.__name__ = getattr(getattr(closed.jaxpr, "debug_info", None), "func_name", None) or "f"
     return jax.make_jaxpr(jax.vmap(f, in_axes=tuple(in_axes), out_axes=0, axis_size=size))(*specs)
 
 

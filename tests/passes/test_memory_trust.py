@@ -1,0 +1,30 @@
+"""Issue 38, memory budgets you can trust: regressions for what a budget promised and did not keep."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxform
+from jaxform.passes.remat_loops import plan
+
+
+def _scalar_rnn(w, s):
+    def body(h, x):
+        return jnp.tanh(h * s + x @ w), None
+    h, _ = lax.scan(body, jnp.zeros((16, 64)), jnp.linspace(0.0, 1.0, 200 * 16 * 64).reshape(200, 16, 64))
+    return jnp.sum(h ** 2)
+
+
+def test_hessian_wrt_scalar_through_revolve():
+    """jax.hessian(optimize(f, memory=30000), argnums=1) w.r.t. a scalar raised a bare AssertionError: jacfwd
+    vmaps the transposed schedule's linear_call, and the batched callee lost the name that marks it as
+    jaxform's, so JAX's jvp rule (which asserts residuals have no tangent) ran instead of ours."""
+    w, s = jnp.eye(64, dtype=jnp.float32) * 0.5, jnp.float32(0.7)
+    opt = jaxform.optimize(_scalar_rnn, memory=30000)
+    from jaxform.plan.memory import loop_schedules
+    plans = plan(jaxform.trace(jaxform.optimize(_scalar_rnn, memory=None), w, s))
+    loop_schedules(plans, 30000)
+    assert plans[0][2].schedule == "revolve"          # the schedule this test is about
+    want = jax.hessian(_scalar_rnn, argnums=1)(w, s)
+    np.testing.assert_allclose(jax.hessian(opt, argnums=1)(w, s), want, rtol=1e-4)
+    np.testing.assert_allclose(jax.jit(jax.hessian(opt, argnums=1))(w, s), want, rtol=1e-4)
