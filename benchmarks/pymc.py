@@ -9,6 +9,7 @@ JAX backend and jaxform with and without PyTensor's rewrites.
 Needs the PyMC environment (`.ci/pymc.sh` builds it):
     .venv-pymc/bin/python benchmarks/pymc.py [--quick]
 """
+import importlib.util
 import os
 import sys
 import time
@@ -16,8 +17,7 @@ import warnings
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]  # this file is named like the package
-sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests", "frontends"),
-                os.path.join(os.path.dirname(__file__), "..")]
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..")]
 warnings.simplefilter("ignore")
 
 import jax  # noqa: E402
@@ -27,7 +27,20 @@ import numpy as np  # noqa: E402
 
 from jaxform.frontends import pymc as jpm  # noqa: E402
 from pymc.sampling.jax import get_jaxified_graph  # noqa: E402
-from pymc_models import MODELS, large_hierarchical  # noqa: E402
+
+
+def _gallery():
+    """tests/frontends/pymc_models.py, the models the tests check, loaded by path: by name, `pymc_models` could be
+    benchmarks/pymc_models.py, which imports `pymc` (this file's name): the two scripts would import each other."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends", "pymc_models.py")
+    spec = importlib.util.spec_from_file_location("jaxform_pymc_gallery", path)
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_models = _gallery()
+MODELS, large_hierarchical = _models.MODELS, _models.large_hierarchical
 
 
 def _vg_pytensor(model):

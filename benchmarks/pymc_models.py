@@ -23,6 +23,7 @@ Ratios are jaxform / PyTensor (below 1: jaxform is faster). `multilevel_set_data
 Needs PyMC (PyMC 6 env: .ci/pymc6.sh builds one):  python benchmarks/pymc_models.py [--quick] [model ...]
 """
 import functools
+import importlib.util
 import os
 import sys
 import time
@@ -30,8 +31,7 @@ import warnings
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]  # benchmarks/pymc.py would shadow pymc
-sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends"),
-                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
 warnings.simplefilter("ignore")
 
 # one XLA:CPU thread per call for both paths: on a shared machine the thread pool's scheduling noise otherwise
@@ -46,7 +46,20 @@ from pymc.sampling.jax import get_jaxified_graph  # noqa: E402
 
 from jaxform import to_function  # noqa: E402
 from jaxform.frontends import pymc as jpm  # noqa: E402
-from pymc_models import LARGE, MODELS  # noqa: E402
+
+
+def _gallery():
+    """tests/frontends/pymc_models.py, the models the tests check, loaded by path: by name, `pymc_models` is this
+    script itself."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends", "pymc_models.py")
+    spec = importlib.util.spec_from_file_location("jaxform_pymc_gallery", path)
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_models = _gallery()
+LARGE, MODELS = _models.LARGE, _models.MODELS
 
 ALL = {**MODELS, **LARGE}
 

@@ -7,8 +7,8 @@ Per function, in order:
   3. liveness             (analysis.py) on the lowered body
   4. control flow         if / for / while -> nested functions + ag__.if_stmt / for_stmt /
                           while_stmt; written variables become `nonlocal` state
-  5. expressions          and / or / not / chained comparisons / x if c else y (and calls,
-                          when recursive) -> ag__ operators that dispatch at run time
+  5. expressions          and / or / not / chained comparisons / x if c else y -> ag__
+                          operators that dispatch at run time; calls, when recursive -> ag__call
 Every generated node carries the line of the statement it came from and the code is
 compiled under the user's filename, so tracebacks show the user's source lines.
 The new function is rebuilt around the original closure cells, globals and defaults.
@@ -24,7 +24,7 @@ from typing import Callable
 
 from . import operators, recursion
 from .analysis import Liveness, walk_scope, nested_reads, writes
-from .errors import AutographError
+from .errors import AutographError, where
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _CACHE: dict = {}
@@ -514,9 +514,9 @@ class _Exprs(ast.NodeTransformer):
       return ast.copy_location(ast.Call(func=_ag('builtin'), args=[f, ast.Constant(f.id), self._where(node)] + node.args,
                                         keywords=node.keywords), node)
     if not self.recursive or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == 'ag__') \
-        or (isinstance(f, ast.Name) and f.id == 'super'):
+        or (isinstance(f, ast.Name) and f.id in ('super', 'ag__call')):
       return node
-    return ast.copy_location(ast.Call(func=_ag('call'), args=[_const(self.opts), f] + node.args,
+    return ast.copy_location(ast.Call(func=_name('ag__call'), args=[_const(self.opts), f] + node.args,
                                       keywords=node.keywords), node)
 
 
@@ -567,10 +567,10 @@ def _transform(node: ast.FunctionDef, fn: types.FunctionType, filename: str, rec
   _SetItem(cv.fresh, filename).visit(node)
   cv.function(node)
   _Exprs(recursive, (recursive, static_range), filename).visit(node)
-  free = [v for v in fn.__code__.co_freevars if v not in ('ag__', 'ag__self')]  # fn may itself be converted code
+  free = [v for v in fn.__code__.co_freevars if v not in ('ag__', 'ag__self', 'ag__call')]  # fn may itself be converted code
   node.name = 'ag__fn'  # not the user's name: a self-call must resolve as in the original (global / cell)
   factory = ast.FunctionDef(
-      name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__', 'ag__self'] + free],
+      name='ag__factory', args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in ['ag__', 'ag__self', 'ag__call'] + free],
                                              vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
       body=[node, ast.Return(value=_name(node.name))], decorator_list=[], returns=None)
   mod = ast.Module(body=[_located([factory], node)[0]], type_ignores=[])
@@ -604,13 +604,13 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
       raise
     except Exception as e:  # a construct the pass does not handle: name the user's line, never ours
       line = getattr(e, 'lineno', None) or node.lineno
-      from .errors import where
       raise AutographError(f'autograph cannot convert {fn.__qualname__} ({type(e).__name__}: {e})\n'
                            f'  at {where(filename, line)}\n  fix: rewrite this construct, or call the function '
                            f'without autograph (plain Python / lax control flow)') from e
   cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
   me = types.CellType()
-  closure = tuple(types.CellType(operators) if n == 'ag__' else me if n == 'ag__self' else cells[n]
+  closure = tuple(types.CellType(operators) if n == 'ag__' else me if n == 'ag__self' else
+                  types.CellType(call) if n == 'ag__call' else cells[n]
                   for n in code.co_freevars)
   new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
   me.cell_contents = new
@@ -620,3 +620,25 @@ def convert(fn: types.FunctionType, recursive: bool = False, static_range: str =
   new.__dict__.update(fn.__dict__)
   new.__wrapped__, new.__autograph__ = fn, True
   return new
+
+
+# ---- autograph(recursive=True): the functions converted code calls --------------------------
+# Bound as `ag__call` next to the `ag__` operators (the operators never import the converter).
+
+_SKIP_MODULES = ('jax', 'jaxlib', 'numpy', 'jaxform', 'builtins', 'functools', 'operator', 'math',
+                 'optax', 'flax', 'equinox', 'scipy', 'collections', 'typing', 'abc')
+
+
+def call(opts: tuple, f, /, *args, **kwargs):
+  """f(*args, **kwargs), converting f first (with the caller's options) when it is a
+  user Python function: autograph(recursive=True)."""
+  mod = (getattr(f, '__module__', None) or '').split('.')[0]
+  if mod in _SKIP_MODULES or getattr(f, '__autograph__', False):
+    return f(*args, **kwargs)
+  if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+    g = convert(f.__func__, *opts, strict=False)
+    return f(*args, **kwargs) if g is None else g(f.__self__, *args, **kwargs)
+  if isinstance(f, types.FunctionType):
+    g = convert(f, *opts, strict=False)
+    return (f if g is None else g)(*args, **kwargs)
+  return f(*args, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 
 from .. import _jax
 from .identity import is_impure, structure
+from .printing import format_graph
 from .regions import Region, regions_of
 
 _ids = itertools.count()
@@ -414,7 +415,6 @@ class Graph:
         return _jax.eval_jaxpr(self.to_jaxpr(), *args)
 
     def __str__(self) -> str:
-        from .printing import format_graph
         return format_graph(self)
 
     def __repr__(self) -> str:

@@ -7,10 +7,12 @@ values alike and the diff shows only what changed.
 from __future__ import annotations
 
 import difflib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .graph import Graph, Value
+if TYPE_CHECKING:  # types only: graph.py imports this module (Graph.__str__)
+    from .graph import Graph, Value
 
 
 def _fresh(names: dict) -> str:
