@@ -259,24 +259,95 @@ def test_optimize_grad_default_pipeline():
     assert in_loops(g_after) < in_loops(g_before)
 
 
-# Bit-for-bit equality holds op by op (eagerly: each primitive is compiled alone, on the same values). Under
-# `jax.jit` XLA compiles the whole loop, and whether it picks the same dot kernel and accumulation order for the
-# hoisted program depends on the CPU's vector units (issue 26, finding 11: grad_checkpointed differed by ~3e-8 on
-# an AMD EPYC without AVX-512), so jitted results are compared to float32 rounding: XLA guarantees no more.
+# Bit-for-bit equality holds op by op: each primitive compiled alone, on the same values, picks the same kernel.
+# JAX's eager mode is not op by op for loops: binding `while`/`scan` (or a `jit`) compiles the whole loop, and
+# whether XLA then picks the same dot kernel and accumulation order for the hoisted program depends on the CPU's
+# vector units (issue 26 finding 11, issue 38: fori_static/fori_dynamic differed by ~3e-8 eagerly on an AMD EPYC
+# without AVX-512). So `_op_by_op` interprets loops, conds and calls itself, one primitive at a time (bit-exact
+# on any CPU), and compiled programs (jit) are compared to float32 rounding: XLA guarantees no more.
+_BODY_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+               "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+               "custom_vjp_call": "call_jaxpr"}
+
+
+def _op_by_op(closed, *args):
+    """Evaluate a (closed) jaxpr binding one primitive at a time: scan/while/cond and calls are interpreted here,
+    never handed to XLA whole."""
+    jaxpr, consts = (closed.jaxpr, closed.consts) if hasattr(closed, "consts") else (closed, ())
+    env = {}
+    read = lambda v: v.val if hasattr(v, "val") and not hasattr(v, "count") else env[v]   # noqa: E731
+    for v, x in zip((*jaxpr.constvars, *jaxpr.invars), (*consts, *args)):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        ins, p, name = [read(v) for v in eqn.invars], eqn.params, eqn.primitive.name
+        if name == "scan":
+            nc, nk = (q := _jax.canonical_params(eqn.primitive, dict(p)))["num_consts"], q["num_carry"]
+            c, carry, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
+            steps, ys = range(p["length"]), []
+            for t in (reversed(steps) if p["reverse"] else steps):
+                out = _op_by_op(p["jaxpr"], *c, *carry, *[x[t] for x in xs])
+                carry, y = out[:nk], out[nk:]
+                ys.append(y)
+            ys = ys[::-1] if p["reverse"] else ys
+            outs = list(carry) + [jnp.stack([y[i] for y in ys]) if ys else jnp.zeros((0, *a.shape), a.dtype)
+                                  for i, a in enumerate(p["jaxpr"].out_avals[nk:])]
+        elif name == "while":
+            cc, bc = p["cond_nconsts"], p["body_nconsts"]
+            carry = ins[cc + bc:]
+            while bool(_op_by_op(p["cond_jaxpr"], *ins[:cc], *carry)[0]):
+                carry = _op_by_op(p["body_jaxpr"], *ins[cc:cc + bc], *carry)
+            outs = list(carry)
+        elif name == "cond":
+            branches = p["branches"]
+            outs = _op_by_op(branches[int(np.clip(int(ins[0]), 0, len(branches) - 1))], *ins[1:])
+        elif name in _BODY_CALLS and _BODY_CALLS[name] in p:
+            outs = _op_by_op(p[_BODY_CALLS[name]], *ins)
+        else:
+            bp = eqn.primitive.get_bind_params(p)        # (subfuns, params) on some JAX versions, params on others
+            subfuns, bind_params = bp if isinstance(bp, tuple) else ((), bp)
+            outs = eqn.primitive.bind(*subfuns, *ins, **bind_params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
 @pytest.mark.parametrize("name", sorted(set(CASES) - {"cond_in_scan"}))
-def test_bit_exact_eagerly_and_rounding_under_jit(name):
-    """Same ops on the same values: bit-exact op by op; under jit within float32 rounding (docs/testing.md,
-    what exact=True promises). cond_in_scan: the pass is exact op by op too, see docs/licm.md."""
+def test_bit_exact_op_by_op_and_rounding_under_jit(name):
+    """Same ops on the same values: bit-exact op by op (loops interpreted step by step, `_op_by_op`); compiled
+    (eagerly bound loops, jit) within float32 rounding (docs/testing.md, what exact=True promises).
+    cond_in_scan: the pass is exact op by op too, see docs/licm.md."""
     fn, args, _, _ = CASES[name]
     out = jax.make_jaxpr(fn)(*args)
     new = run_passes(out, [hoist_loop_invariants], strict=True)
     assert in_loops(Graph.from_jaxpr(new)) < in_loops(Graph.from_jaxpr(out))
+    leaves = lambda xs: [np.asarray(x) for x in jax.tree_util.tree_leaves(xs)]   # noqa: E731
+    by_op = leaves(_op_by_op(out, *args))
+    for x, y in zip(by_op, leaves(_op_by_op(new, *args))):
+        np.testing.assert_array_equal(x, y)
     eager = lambda c: jax.extend.core.jaxpr_as_fun(c)(*args)   # noqa: E731
     jitted = lambda c: jax.jit(jax.extend.core.jaxpr_as_fun(c))(*args)   # noqa: E731
-    for x, y in zip(jax.tree_util.tree_leaves(eager(out)), jax.tree_util.tree_leaves(eager(new))):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    for x, y in zip(jax.tree_util.tree_leaves(jitted(out)), jax.tree_util.tree_leaves(jitted(new))):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    for run in (eager, jitted):
+        for x, y in zip(leaves(run(out)), leaves(run(new))):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fori_static", "fori_dynamic", "scan_many", "while_cond_work", "cond_in_scan",
+                                  "nested_whiles"])
+def test_op_by_op_is_the_program_and_catches_a_changed_op(name):
+    """`_op_by_op` computes what JAX computes (to rounding: these loops do not amplify it), and the bit-exact
+    check can fail: the same program with W scaled by 1 + 2**-20 (inside every tolerance) differs op by op."""
+    fn, args, _, _ = CASES[name]
+    out = jax.make_jaxpr(fn)(*args)
+    leaves = lambda xs: [np.asarray(x) for x in jax.tree_util.tree_leaves(xs)]   # noqa: E731
+    got = leaves(_op_by_op(out, *args))
+    for x, y in zip(got, leaves(fn(*args))):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    wrong = jax.make_jaxpr(lambda W, *a: fn(W * (1 + 2 ** -20), *a))(*args)
+    bumped = leaves(_op_by_op(wrong, *args))
+    for x, y in zip(got, bumped):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+    assert any(not np.array_equal(x, y) for x, y in zip(got, bumped))
 
 
 # ---- cond ---------------------------------------------------------------------------
