@@ -9,8 +9,8 @@ JAX backend and jaxform with and without PyTensor's rewrites.
 Needs the PyMC environment (`.ci/pymc.sh` builds it):
     .venv-pymc/bin/python benchmarks/pymc.py [--quick]
 """
-import importlib.util
 import os
+import runpy
 import sys
 import time
 import warnings
@@ -29,18 +29,11 @@ from jaxform.frontends import pymc as jpm  # noqa: E402
 from pymc.sampling.jax import get_jaxified_graph  # noqa: E402
 
 
-def _gallery():
-    """tests/frontends/pymc_models.py, the models the tests check, loaded by path: by name, `pymc_models` could be
-    benchmarks/pymc_models.py, which imports `pymc` (this file's name): the two scripts would import each other."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends", "pymc_models.py")
-    spec = importlib.util.spec_from_file_location("jaxform_pymc_gallery", path)
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_models = _gallery()
-MODELS, large_hierarchical = _models.MODELS, _models.large_hierarchical
+# the models the tests check (tests/frontends/pymc_models.py), run by path: by name, `pymc_models`
+# could be benchmarks/pymc_models.py, which imports `pymc` (this file's name): the scripts would import each other
+_models = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends",
+                                      "pymc_models.py"))
+MODELS, large_hierarchical = _models["MODELS"], _models["large_hierarchical"]
 
 
 def _vg_pytensor(model):

@@ -23,8 +23,8 @@ Ratios are jaxform / PyTensor (below 1: jaxform is faster). `multilevel_set_data
 Needs PyMC (PyMC 6 env: .ci/pymc6.sh builds one):  python benchmarks/pymc_models.py [--quick] [model ...]
 """
 import functools
-import importlib.util
 import os
+import runpy
 import sys
 import time
 import warnings
@@ -48,18 +48,11 @@ from jaxform import to_function  # noqa: E402
 from jaxform.frontends import pymc as jpm  # noqa: E402
 
 
-def _gallery():
-    """tests/frontends/pymc_models.py, the models the tests check, loaded by path: by name, `pymc_models` is this
-    script itself."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends", "pymc_models.py")
-    spec = importlib.util.spec_from_file_location("jaxform_pymc_gallery", path)
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_models = _gallery()
-LARGE, MODELS = _models.LARGE, _models.MODELS
+# the models the tests check (tests/frontends/pymc_models.py), run by path: by name, `pymc_models` is this
+# script itself
+_models = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "frontends",
+                                      "pymc_models.py"))
+LARGE, MODELS = _models["LARGE"], _models["MODELS"]
 
 ALL = {**MODELS, **LARGE}
 
