@@ -106,7 +106,10 @@ def choose(closed, memory, asked: str | None = None):
     the program as it is. Memory is XLA's (each candidate's gradient program compiled): the liveness
     model is off by up to 2x on checkpointed gradients (docs/remat.md), time is the model's. A budget
     is met by the gradient with respect to every float input and, where `optimize` knows it, by
-    `jax.grad`'s default, the first argument's (XLA gives the two different temp: 8 KiB on an MLP)."""
+    `jax.grad`'s default, the first argument's (XLA gives the two different temp: 8 KiB on an MLP).
+
+    Never bigger than plain: a candidate is kept only where neither gradient grows; warnings quote the
+    gradient the user asked for (`jax.grad`'s default: the first argument's), numbers they can match."""
     asked = asked or (f"memory={memory!r}" if isinstance(memory, str) else
                       f"memory={memory} bytes ({_mib(memory)})")
     own, stop = recompute_choice(closed, memory, asked)
@@ -115,33 +118,68 @@ def choose(closed, memory, asked: str | None = None):
     plain = xla_grad_temp(closed)
     if plain is None:
         return None
+    plain_user = first_argument_grad_temp(closed)
+    user = (lambda prog, m: first_argument_grad_temp(prog)) if plain_user is not None else (lambda prog, m: m)
+    plain_user = plain if plain_user is None else plain_user
+    subject = _subject()
     budget = not isinstance(memory, str)
-    if budget and plain <= memory and (first_argument_grad_temp(closed) or 0) <= memory:
+    if budget and plain <= memory and plain_user <= memory:
         return None
     scored, tried = [], 0
     for name, prog in candidates(closed):
         m = xla_grad_temp(prog)
         tried += 1
         if m is not None and m < plain:
-            scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0))
+            mu = user(prog, m)
+            if mu is not None and mu <= plain_user:      # never bigger than plain, in either gradient
+                scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0, mu))
         if tried == GIVE_UP_AFTER and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
     if not scored:
         if budget:
-            _cannot_fit(asked, plain, "no segment checkpointing saves memory here (XLA measured each); left "
-                                      "as it is.")
+            _cannot_fit(asked, plain_user, "no segment checkpointing makes it smaller (XLA measured each "
+                                           f"candidate); the program is left as it is, its gradient stays at "
+                                           f"{_mib(plain_user)}.", subject=subject)
         return None
-    least = min(scored, key=lambda s: (s[2], s[3]))
+    least = min(scored, key=lambda s: (s[4], s[2], s[3]))
     if memory == "min":
-        return least
-    for s in sorted((s for s in scored if s[2] <= memory), key=lambda s: (s[3], s[2])):
-        if (first_argument_grad_temp(s[1]) or 0) <= memory:
-            return s                     # the fastest that fits both gradients
-    useful = least[2] <= (1 - MIN_SAVING) * plain
-    _cannot_fit(asked, plain, f"the least any segment checkpointing reaches is {_mib(least[2])} ({least[0]}); " +
+        return least[:4]
+    for s in sorted((s for s in scored if s[2] <= memory and s[4] <= memory), key=lambda s: (s[3], s[2])):
+        return s[:4]                     # the fastest that fits both gradients
+    useful = least[4] <= (1 - MIN_SAVING) * plain_user
+    _cannot_fit(asked, plain_user, f"the least any segment checkpointing reaches is {_mib(least[4])} with "
+                f"{describe(least[0])}; " +
                 ("using that." if useful else
-                 f"left as it is (saving under {MIN_SAVING:.0%} is not worth the recomputation)."))
-    return least if useful else None
+                 f"the program is left as it is, its gradient stays at {_mib(plain_user)} (a saving under "
+                 f"{MIN_SAVING:.0%} is not worth the recomputation)."), subject=subject, helped=useful)
+    return least[:4] if useful else None
+
+
+def describe(name: str) -> str:
+    """A candidate's name (`remat_program.candidates`, `recompute_choice`) in words a user can act on."""
+    if name == "checkpoint_dots":
+        return "the whole program under jax.checkpoint(policy=dots_saveable) (matmul results stored, the rest " \
+               "recomputed in the backward pass)"
+    policy, _, k = name.partition(", ")
+    k = k.split()[0] if k else "?"
+    if policy == "all":
+        return f"the program cut into {k} segments (at the points where the fewest bytes are alive), each under " \
+               "jax.checkpoint: only the values crossing a cut are stored, the rest recomputed in the backward pass"
+    if policy == "nothing":
+        return f"the program cut into {k} segments (at the points where the fewest bytes are alive), all but the " \
+               "last under jax.checkpoint: only the values crossing a cut are stored, the rest recomputed"
+    if policy == "recompute":
+        return f"its forward cut into {k} segments, the residuals of all but the last recomputed in its " \
+               "backward pass from the values crossing the cuts"
+    return name
+
+
+def _subject() -> str:
+    """How warnings name the gradient they quote: the one `jax.grad(f)` takes by default where `optimize`
+    told the planner which inputs are the first argument, else the gradient w.r.t. every float input."""
+    wrt = cost.first_argument()
+    return ("the gradient of its first argument (what jax.grad takes by default)" if wrt else
+            "this program's gradient (w.r.t. every float input)")
 
 
 def first_argument_grad_temp(closed) -> int | None:
@@ -155,8 +193,9 @@ def first_argument_grad_temp(closed) -> int | None:
     return None if gp is None else cost.xla_temp(gp)
 
 
-def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient") -> None:
-    warnings.warn(f"jaxform: remat_program cannot fit {subject} in {asked}: plain {_mib(plain)}, " + what + _advice(),
+def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient", helped: bool = False) -> None:
+    warnings.warn(f"jaxform: remat_program cannot fit {subject} in {asked}: without recomputation (after jaxform's "
+                  f"other passes) it takes {_mib(plain)} of XLA temp memory; " + what + _advice(helped),
                   stacklevel=user_stacklevel())
 
 
@@ -179,8 +218,10 @@ def recompute_choice(closed, memory, asked: str):
         return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
     if memory != "min":
         reached = min((s[2] for s in scored), default=plain)
-        _cannot_fit(asked, plain, f"the least recomputation in its backward reaches is {_mib(reached)}; " +
-                    ("using that." if least else "left as it is."), subject="this gradient program")
+        how = f" with {describe(least[0])}" if least else ""
+        _cannot_fit(asked, plain, f"the least recomputation in its backward reaches is {_mib(reached)}{how}; " +
+                    ("using that." if least else f"the program is left as it is, at {_mib(plain)}."),
+                    subject="this gradient program's own memory", helped=least is not None)
     return least, True
 
 
@@ -194,11 +235,11 @@ def user_stacklevel() -> int:
     return pipeline_stacklevel() - 1     # the user's line, not the planner's
 
 
-def _advice() -> str:
+def _advice(helped: bool = False) -> str:
     """What to try when a budget is not met. XLA:CPU before JAX 0.12 (its concurrency-optimized
     scheduler) reuses none of the memory recomputation frees: a transformer's gradient stayed at 76.8 MiB
     under any checkpointing, 37 MiB with `jax.checkpoint` per block once the flag below was off."""
-    if jax.default_backend() == "cpu" and _jax.JAX_VERSION < (0, 12) and \
+    if not helped and jax.default_backend() == "cpu" and _jax.JAX_VERSION < (0, 12) and \
             "concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
         return (" XLA:CPU before JAX 0.12 frees nothing by recomputation unless its memory scheduler is on: "
                 "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false (set before JAX starts; "
@@ -210,7 +251,7 @@ def _mib(n) -> str:
     return f"{n / 2 ** 20:.2f} MiB"
 
 
-__all__ = ["choose", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
+__all__ = ["choose", "describe", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
            "AUTO_SHARE", "AUTO_GATE"]
 
 
