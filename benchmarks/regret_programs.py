@@ -170,7 +170,7 @@ def leapfrog(q0, p0):
 
 def programs(quick: bool = False) -> list:
     """[(name, fn, args, source)], >= 25; quick: smaller sizes and fewer programs."""
-    L, B, H = (100, 8, 32) if quick else (200, 16, 32)
+    L, B, H = (200, 32, 32) if quick else (500, 64, 64)
     tp = _load("tests/plan/programs.py", "_regret_plan_programs")
     out = []
     for name, (fn, args) in tp.programs().items():

@@ -1,0 +1,242 @@
+"""The planner's regret (issue 37): its choice against the best measured pass subset and `memory=`.
+
+Per program (benchmarks/regret_programs.py) and view (`fwd` = jit(optimize(f)), `grad_of_opt` =
+jit(grad(optimize(f))), `opt_of_grad` = jit(optimize(grad(f)))), it measures plain jax.jit, the
+planner (`optimize(f)`, all defaults) and every candidate: a subset of the deciding passes that change
+the program (plus inline, cse, dce), crossed with memory in {None, "auto"}, unplanned. XLA temp memory
+from `memory_analysis`, time interleaved min-of-N (`jaxform.inspect.program.min_time`).
+
+  time regret   = planner time / fastest candidate with temp <= plain temp
+  memory regret = planner temp / least temp among candidates with time <= plain time * 1.05
+  reversed      = planner verdicts (`decisions()`) that measurement of pipeline with vs without the
+                  pass contradicts beyond noise (time outside [0.95, 1.05], or memory growth > 1%)
+Targets (CPU): time regret <= 1.10 on every row, memory regret median <= 1.2, reversed <= 5%, no row
+bigger (temp > plain * 1.01) or slower (time > plain * 1.10, noise margin) than plain jax.jit.
+
+    .venv/bin/python benchmarks/regret.py [--quick] [--reps N] [--json PATH] [--only NAME,...]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jaxform                                              # noqa: E402
+from jaxform.inspect.program import min_time                # noqa: E402
+from jaxform.passes import DEFAULT                          # noqa: E402
+from regret_programs import programs                        # noqa: E402
+
+ALWAYS = ["inline", "cse", "dce"]
+DECIDING = ["stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
+            "thin_residuals"]
+MEMORIES = (None, "auto")
+NOISE = 0.05
+KiB = 1024
+
+
+def scalar(fn):
+    """Sum of the float outputs: what `grad` differentiates."""
+    def loss(*a):
+        return sum(jnp.sum(o) for o in jax.tree_util.tree_leaves(fn(*a)) if jnp.issubdtype(o.dtype, jnp.inexact))
+    return loss
+
+
+def ordered(subset) -> list:
+    return [p for p in DEFAULT if p in ALWAYS or p in subset]
+
+
+def _argnums(args) -> tuple:
+    """The arguments `grad` differentiates: every one whose leaves are all floats."""
+    return tuple(i for i, a in enumerate(args)
+                 if all(jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(a)))
+
+
+def grad(fn, args):
+    return jax.grad(scalar(fn), argnums=_argnums(args))
+
+
+def view(kind: str, fn, transform, args):
+    """The jitted program of one view; `transform` maps a function to its optimized form (identity: plain)."""
+    if kind == "fwd":
+        return jax.jit(transform(fn))
+    if kind == "grad_of_opt":
+        return jax.jit(grad(transform(fn), args))
+    return jax.jit(transform(grad(fn, args)))
+
+
+def temp_of(jitted, args) -> int:
+    return int(jitted.lower(*args).compile().memory_analysis().temp_size_in_bytes)
+
+
+def changes(kind, fn, args, p) -> bool:
+    """Does adding `p` to the always passes change the program of this view?"""
+    def text(passes):
+        return str(jax.make_jaxpr(view(kind, fn, lambda f: jaxform.optimize(f, passes=passes, memory=None, plan=False), args))(*args))
+    try:
+        return text(ordered([p])) != text(ordered([]))
+    except Exception:
+        return False
+
+
+def subsets(active: list, cap: int) -> list:
+    all_ = [frozenset(c) for r in range(len(active) + 1) for c in itertools.combinations(active, r)]
+    if len(all_) <= cap:
+        return all_
+    rng = np.random.default_rng(37)
+    keep = {0, len(all_) - 1} | {int(i) for i in rng.choice(len(all_), cap - 2, replace=False)}
+    return [all_[i] for i in sorted(keep)][:cap]
+
+
+def label(subset, memory) -> str:
+    short = {"stream_rows": "sr", "hoist_loop_invariants": "hoist", "sum_then_pull_back": "stpb",
+             "fuse_scan_reductions": "fuse", "fission": "fis", "thin_residuals": "thin"}
+    return ("+".join(short[p] for p in DECIDING if p in subset) or "-") + f"/{memory}"
+
+
+def measure(named: dict, args, reps: int, notes: list) -> dict:
+    """{name: (seconds, temp)} for the jitted programs that compile and run; others noted and skipped."""
+    ok, temps = {}, {}
+    for name, g in named.items():
+        try:
+            temps[name] = temp_of(g, args)
+            jax.block_until_ready(g(*args))
+            ok[name] = g
+        except Exception as e:
+            notes.append(f"{name}: skipped ({type(e).__name__}: {str(e)[:80]})")
+    names = list(ok)
+    secs = min_time([ok[n] for n in names], args, reps=reps) if names else []
+    return {n: (s, temps[n]) for n, s in zip(names, secs)}
+
+
+def row(name, fn, args, kind, reps, cap, notes) -> dict:
+    active = [p for p in DECIDING if changes(kind, fn, args, p)]
+    cands = {}
+    for s in subsets(active, cap):
+        for m in MEMORIES:
+            cands[label(s, m)] = (s, m)
+    planner_fn = jaxform.optimize(fn if kind != "opt_of_grad" else grad(fn, args))
+    named = {"plain": view(kind, fn, lambda f: f, args),
+             "planner": jax.jit(grad(planner_fn, args)) if kind == "grad_of_opt" else jax.jit(planner_fn)}
+    for lab, (s, m) in cands.items():
+        named[lab] = view(kind, fn, lambda f, s=s, m=m: jaxform.optimize(f, passes=ordered(s), memory=m, plan=False), args)
+    try:
+        named["min"] = view(kind, fn, lambda f: jaxform.optimize(f, memory="min"), args)
+    except Exception:
+        pass
+    res = measure(named, args, reps, notes)
+    plain, planner = res["plain"], res.get("planner")
+    if planner is None:
+        return {"program": name, "view": kind, "error": "planner failed"}
+    cand = {k: v for k, v in res.items() if k in cands}
+    by_mem = {k: v for k, v in cand.items() if v[1] <= plain[1]} or cand
+    t_or = min(by_mem, key=lambda k: by_mem[k][0])
+    by_time = {k: v for k, v in cand.items() if v[0] <= plain[0] * (1 + NOISE)} or cand
+    m_or = min(by_time, key=lambda k: (by_time[k][1], by_time[k][0]))
+    # reversed verdicts: the planner's pipeline with vs without the pass, measured
+    decisions = [d for d in planner_fn.decisions() if d.pass_name in DECIDING] if hasattr(planner_fn, "decisions") else []
+    kept = {d.pass_name for d in decisions if d.kept}
+    rev = []
+    for d in decisions:
+        base = kept - {d.pass_name}
+        w, wo = label(base | {d.pass_name}, None), label(base, None)
+        if w not in res or wo not in res:
+            continue
+        (tw, mw), (two, mwo) = res[w], res[wo]
+        ratio = tw / two
+        if d.kept and (ratio > 1 + NOISE or max(mw, KiB) > max(mwo, KiB) * 1.01):
+            rev.append(d.pass_name)
+        elif not d.kept and ratio < 1 - NOISE and mw <= mwo * 1.01:
+            rev.append(d.pass_name)
+    r = {"program": name, "view": kind, "plain": plain, "planner": planner, "time_oracle": (t_or, *res[t_or]),
+         "mem_oracle": (m_or, *res[m_or]), "min": res.get("min"),
+         "time_regret": planner[0] / res[t_or][0], "mem_regret": max(planner[1], KiB) / max(res[m_or][1], KiB),
+         "decisions": len(decisions), "reversed": rev, "candidates": len(cand), "active": active}
+    r["bigger"] = planner[1] > plain[1] * 1.01
+    r["slower"] = planner[0] > plain[0] * 1.10
+    r["ok"] = r["time_regret"] <= 1.10 and not r["bigger"] and not r["slower"]
+    return r
+
+
+def mib(b):
+    return b / 2 ** 20
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, 10 programs, 8 subsets, 3 reps")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--cap", type=int, default=None, help="pass subsets per program (default 32; quick 8)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, help="comma-separated program names")
+    ap.add_argument("--views", default="fwd,grad_of_opt,opt_of_grad")
+    a = ap.parse_args()
+    reps = a.reps or (3 if a.quick else 5)
+    cap = a.cap or (8 if a.quick else 32)
+    progs = programs(quick=a.quick)
+    if a.only:
+        want = set(a.only.split(","))
+        progs = [p for p in progs if p[0] in want]
+    warnings.simplefilter("ignore")
+    t0 = time.time()
+    rows, notes = [], []
+    print(f"{'program':28s} {'view':11s} {'plain ms/MiB':>15s} {'planner ms/MiB':>15s} {'oracle ms/MiB':>15s} "
+          f"{'oracle passes':22s} {'t-reg':>6s} {'m-reg':>6s} verdict")
+    for name, fn, args, src in progs:
+        for kind in a.views.split(","):
+            try:
+                r = row(name, fn, args, kind, reps, cap, notes)
+            except Exception as e:
+                notes.append(f"{name}/{kind}: failed ({type(e).__name__}: {str(e)[:100]})")
+                continue
+            if "error" in r:
+                notes.append(f"{name}/{kind}: {r['error']}")
+                continue
+            rows.append(r)
+            (pt, pm), (qt, qm) = r["plain"], r["planner"]
+            o, ot, om = r["time_oracle"]
+            verdict = "ok" if r["ok"] else ",".join(x for x, bad in (("regret", r["time_regret"] > 1.10),
+                                                                      ("bigger", r["bigger"]), ("slower", r["slower"])) if bad)
+            if r["reversed"]:
+                verdict += " rev:" + ",".join(r["reversed"])
+            print(f"{name:28s} {kind:11s} {pt*1e3:7.2f}/{mib(pm):7.2f} {qt*1e3:7.2f}/{mib(qm):7.2f} "
+                  f"{ot*1e3:7.2f}/{mib(om):7.2f} {o:22s} {r['time_regret']:6.2f} {r['mem_regret']:6.2f} {verdict}",
+                  flush=True)
+    for n in notes:
+        print("note:", n)
+    if not rows:
+        print("no rows")
+        return 1
+    tr = [r["time_regret"] for r in rows]
+    mr = [r["mem_regret"] for r in rows]
+    ndec = sum(r["decisions"] for r in rows)
+    nrev = sum(len(r["reversed"]) for r in rows)
+    share = nrev / ndec if ndec else 0.0
+    big = [f"{r['program']}/{r['view']}" for r in rows if r["bigger"]]
+    slow = [f"{r['program']}/{r['view']}" for r in rows if r["slower"]]
+    over = [f"{r['program']}/{r['view']}" for r in rows if r["time_regret"] > 1.10]
+    print(f"\n{len(rows)} rows, {len(progs)} programs, {time.time() - t0:.0f} s; noise margin: time 5% "
+          f"(oracle/reversals), 10% (slower than plain), memory 1%")
+    print(f"time regret   median {np.median(tr):.3f}  max {max(tr):.3f}   target <= 1.10 every row: "
+          f"{'PASS' if not over else 'FAIL (' + ', '.join(over) + ')'}")
+    print(f"memory regret median {np.median(mr):.3f}  max {max(mr):.3f}   target median <= 1.2: "
+          f"{'PASS' if np.median(mr) <= 1.2 else 'FAIL'}")
+    print(f"reversed decisions {nrev}/{ndec} = {share:.1%}   target <= 5%: {'PASS' if share <= 0.05 else 'FAIL'}")
+    print(f"bigger than plain: {len(big)} {big}   slower than plain: {len(slow)} {slow}   target none: "
+          f"{'PASS' if not big and not slow else 'FAIL'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
