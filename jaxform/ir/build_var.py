@@ -19,6 +19,7 @@ Shape = Sequence[int]
 
 class BuildError(TypeError):
     """A primitive was applied to operands it does not accept (shape, dtype, arity...)."""
+    __module__ = "jaxform.ir.build"  # its public home (re-exported there): reprs and pickles as before the split
 
 
 def _dtype(dtype) -> np.dtype:
@@ -27,6 +28,7 @@ def _dtype(dtype) -> np.dtype:
 
 class Var:
     """A value being built: a Graph `Value` and the Builder it belongs to."""
+    __module__ = "jaxform.ir.build"  # its public home (re-exported there): reprs and pickles as before the split
     __slots__ = ("builder", "value")
     __array_priority__ = 100  # numpy scalars/arrays on the left defer to our operators
 

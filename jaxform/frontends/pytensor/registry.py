@@ -13,6 +13,7 @@ import numpy as np
 
 class ConversionError(TypeError):
     """A PyTensor graph cannot be turned into a static JAX graph (and why)."""
+    __module__ = "jaxform.frontends.pytensor"  # its public home (re-exported there): reprs and pickles as before the split
 
 
 # ---- registries ------------------------------------------------------------------
