@@ -13,7 +13,8 @@ from jax.extend.core import jaxpr_as_fun
 
 from .. import _jax
 from .errors import AutographError, error
-from .runtime import Info, Undefined, _SPLIT, _aval, _describe, _kind, _pred, _returns, _run, _same_static, _trace_closed, _traced_region, is_traced
+from .runtime import (Info, Undefined, _SPLIT, _aval, _describe, _kind, _pred, _returns, _run, _same_static,
+                      _trace_closed, _traced_region, is_traced)
 from .lists import _Collect
 
 

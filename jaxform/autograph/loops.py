@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .errors import AutographError, error
-from .runtime import Info, Undefined, _aval, _describe, _is_dyn, _kept_reason, _pred, _run, _same_static, _trace, _traced_region, is_traced
+from .runtime import (Info, Undefined, _aval, _describe, _is_dyn, _kept_reason, _pred, _run, _same_static,
+                      _trace, _traced_region, is_traced)
 from .conditionals import _typed, if_stmt
 from .lists import _Collect
 
