@@ -112,6 +112,8 @@ def remat_loops(graph: Graph, memory="auto") -> Graph:
     for owner, node, p in plans:
         if p.schedule != "keep":
             _rewrite(owner, node, p)
+    if not isinstance(memory, str) and any(n.name in ("scan", "while") for n, _ in graph.walk()):
+        decider("loop_budget_check")(graph, memory, [p for *_, p in plans])   # never silent (issue 38)
     return graph
 
 
