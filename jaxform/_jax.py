@@ -478,7 +478,9 @@ def transpose_error_primitive():
 # `jax.custom_derivatives.linear_call(f, f_transpose, residuals, linear)` is JAX's public way to give a linear
 # map its own transpose (revolve's forward mode: the tangent is the plain scan's JVP, its transpose the binomial
 # schedule). JAX registers jvp, transpose and lowering rules for it but no batching rule (0.10-0.12), so vmap of
-# anything holding one fails. The rule below batches both functions alike: residuals keep their batch axes, the
+# anything holding one fails. The rule below applies to jaxform's own linear_calls only (their callee's name
+# starts with JAXFORM_LINEAR_CALLS); a user's raises JAX's own NotImplementedError, word for word, so code that
+# never called jaxform behaves as in plain JAX before and after a revolve is traced. It batches both functions alike: residuals keep their batch axes, the
 # linear operands are batched at 0 (so the transpose's cotangents line up), outputs at 0.
 
 def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
@@ -494,6 +496,9 @@ def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
 
 def _linear_call_batch(args, dims, *, callee, transpose_thunk, num_callee_consts, num_res):
     from jax._src.interpreters import batching
+    if not _is_jaxform_linear_call(callee):
+        # a user's own linear_call: exactly what this JAX says without jaxform's rule (issue 40, finding 3)
+        raise NotImplementedError(f"Batching rule for '{linear_call_p()}' not implemented")
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     nfix = num_callee_consts + num_res
     fixed = [a if d is None else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args[:nfix], dims[:nfix])]

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import linear_call
 
 from .. import _jax
 from ..ir import Graph, Node
@@ -178,7 +179,7 @@ def _run_while(cond_j, body_j, nc, nb, ops):
                           lambda c: list(_jax.eval_jaxpr(body_j, *bc, *c)), list(carry))
 
 
-def _bounded_form(cond_j, body_j, nc, nb, steps):
+def _bounded_form(cond_j, body_j, nc, nb, steps, select: bool = False):
     """ops -> (*carry after at most `steps` steps, still running?): the while as a scan."""
     def form(*ops):
         cc, bc, carry = ops[:nc], ops[nc:nc + nb], ops[nc + nb:]
@@ -186,13 +187,29 @@ def _bounded_form(cond_j, body_j, nc, nb, steps):
         def step(c, _):
             go = _jax.eval_jaxpr(cond_j, *cc, *c)[0]
             # on finished lanes of a vmapped cond (a select) the body still runs: cut its gradient there
-            fed = [lax.select(go, x, lax.stop_gradient(x)) if _inexact(_jax.get_aval(x)) else x for x in c]
-            new = lax.cond(go, lambda a, b: list(_jax.eval_jaxpr(body_j, *bc, *a)), lambda a, b: list(b), fed, c)
+            fed = [lax.select(go, x, _no_tangent(x)) if _inexact(_jax.get_aval(x)) else x for x in c]
+            if select:     # every step runs the body, finished lanes keep their carry
+                ran = _jax.eval_jaxpr(body_j, *bc, *fed)
+                new = [lax.select(go, r, x) for r, x in zip(ran, c)]
+            else:
+                new = lax.cond(go, lambda a, b: list(_jax.eval_jaxpr(body_j, *bc, *a)), lambda a, b: list(b), fed, c)
             return new, None
 
         out, _ = lax.scan(step, list(carry), None, length=steps)
         return [*out, _jax.eval_jaxpr(cond_j, *cc, *out)[0]]
     return form
+
+
+@jax.custom_jvp
+def _no_tangent(x):
+    """`x` with a zero tangent: `lax.stop_gradient` without its primitive, which JAX's remat transposes under
+    `grad(vmap(...))` (a batched cond is a select) and has no transpose rule for (issue 40, finding 1)."""
+    return x
+
+
+@_no_tangent.defjvp
+def _no_tangent_jvp(primals, tangents):
+    return primals[0], jnp.zeros_like(primals[0])
 
 
 def _planned(form, specs, memory):
@@ -211,6 +228,34 @@ def _no_bound_message(where: str) -> str:
             f"largest trip count (a gradient past N is NaN, never wrong), or write the loop's condition as "
             f"`i < N` on an integer counter starting at a literal, or use lax.scan / "
             f"lax.fori_loop with static bounds. Forward mode (jax.jvp, jacfwd) needs no bound.")
+
+
+def _exact_tangents(cond_j, body_j, nc, nb, primals, tangents, floats):
+    """The float carries' tangents of the `while` itself, as a linear map whose transpose is zero (a
+    `linear_call`): forward mode gets them exactly at any trip count; reverse mode never transposes the
+    `while` (JAX cannot), it takes the bounded form's cotangents instead."""
+    inexact = [i for i, p in enumerate(primals) if _inexact(_jax.get_aval(p))]
+    if not _jax.install_linear_call_batching() or not inexact:
+        return [jnp.zeros_like(primals[nc + nb + i]) for i in floats]   # never selected where not running
+
+    def _jaxform_revolve_while_tangent(res, lin):
+        def of(*d):
+            ops = list(res)
+            for i, x in zip(inexact, d):
+                ops[i] = x
+            return _run_while(cond_j, body_j, nc, nb, ops)
+        t = jax.jvp(of, tuple(res[i] for i in inexact), tuple(lin))[1]
+        return [t[i] for i in floats]
+
+    def _jaxform_revolve_while_zero_transpose(res, ct):
+        return [jnp.zeros_like(res[i]) for i in inexact]
+
+    # JAX transposes a linear_call only if every linear operand is linear; a tangent instantiated as known zeros
+    # is not. Each operand gets `+ where(False, s, 0)` with s the sum of all tangents: linear when any tangent is
+    # (and nothing is transposed when none is), and exactly +0 in value (a select, not 0 * s: s may be inf)
+    total = sum(jnp.sum(jnp.real(tangents[i])).astype(jnp.float32) for i in inexact)
+    lin = [tangents[i] + jnp.where(False, total, 0.0).astype(jnp.real(tangents[i]).dtype) for i in inexact]
+    return linear_call(_jaxform_revolve_while_tangent, _jaxform_revolve_while_zero_transpose, list(primals), lin)
 
 
 def bounded_while(cond_j, body_j, nc, nb, steps, memory, specs, where: str = ""):
@@ -236,16 +281,25 @@ def bounded_while(cond_j, body_j, nc, nb, steps, memory, specs, where: str = "")
             return out, t_out
         return loop
 
-    form = _planned(_bounded_form(cond_j, body_j, nc, nb, steps), specs, memory)
+    # every step runs the body, finished lanes keep their carry (a select, not a cond): a cond whose jvp is
+    # batched afterwards (grad(vmap(...)): the rule is traced unbatched) gets stop_gradient on its tangent
+    # operands from JAX's batching rule, which reverse mode cannot transpose (issue 40, finding 1)
+    form = _planned(_bounded_form(cond_j, body_j, nc, nb, steps, select=True), specs, memory)
 
     @loop.defjvp
     def loop_jvp(primals, tangents):
-        out = _run_while(cond_j, body_j, nc, nb, primals)
         res, t_res = jax.jvp(form, primals, tangents)
-        poison = jnp.where(res[-1], jnp.nan, 1.0)   # still running after `steps`: the tangent is unknown
+        # the exact tangents of the while itself: forward mode needs no bound (a tangent past it is exact, as in
+        # plain JAX); reverse mode never transposes them (their transpose is zero) and sees the bounded form's,
+        # poisoned with NaN where the loop is still running after `steps`
+        out = _run_while(cond_j, body_j, nc, nb, primals)
+        t_exact = _exact_tangents(cond_j, body_j, nc, nb, primals, tangents, floats)
+        running = res[-1]
+        poison = jnp.where(running, jnp.nan, 1.0)
         t_out = list(t_res[:-1])
-        for i in floats:
-            t_out[i] = t_out[i] * poison.astype(t_out[i].dtype)
+        for k, i in enumerate(floats):
+            bounded = t_out[i] * poison.astype(t_out[i].dtype)
+            t_out[i] = jnp.where(running, t_exact[k], bounded)
         return out, t_out
     return loop
 
