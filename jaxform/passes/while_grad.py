@@ -21,11 +21,16 @@ from the `while`). A float while loop with no known bound gets a tangent guard
 instead whose transpose raises an error naming the function and what to do;
 forward mode (`jax.jvp`, `jacfwd`) keeps working on it as before.
 
-Costs: under `grad` the forward pass runs both the `while` and the bounded scan
-(the scan skips finished steps with `cond`, but XLA allocates for N steps: memory
-follows N, not the actual trip count). Under `vmap` with a batched condition JAX
-turns the `cond` into a `select` that evaluates the body on finished lanes too; the
-carry fed to it is then `stop_gradient`ed so a NaN there cannot reach the gradient.
+Forward mode is exact at any trip count: the tangents past the bound are the `while`'s own
+(a `linear_call` whose transpose is zero, so reverse mode never transposes the `while`).
+
+Costs: under `grad` the forward pass runs both the `while` and the bounded scan, whose
+step is a `select` (the body runs on all N steps; XLA allocates for N steps anyway:
+memory follows N, not the actual trip count). Not a `cond`: its jvp, batched afterwards
+(`grad(vmap(...))`: the rule is traced unbatched), gets `stop_gradient` on its tangents
+from JAX's cond batching, which reverse mode cannot transpose (issue 40). On finished
+steps the body sees the carry and its constants with a zero tangent, so a NaN or inf
+it makes there cannot reach the gradient.
 """
 from __future__ import annotations
 
@@ -188,8 +193,10 @@ def _bounded_form(cond_j, body_j, nc, nb, steps, select: bool = False):
             go = _jax.eval_jaxpr(cond_j, *cc, *c)[0]
             # on finished lanes of a vmapped cond (a select) the body still runs: cut its gradient there
             fed = [lax.select(go, x, _no_tangent(x)) if _inexact(_jax.get_aval(x)) else x for x in c]
-            if select:     # every step runs the body, finished lanes keep their carry
-                ran = _jax.eval_jaxpr(body_j, *bc, *fed)
+            if select:     # every step runs the body, finished steps keep their carry
+                # and see the body's constants with no tangent too: a 0 * inf there cannot reach their gradient
+                kept = [jnp.where(go, k, _no_tangent(k)) if _inexact(_jax.get_aval(k)) else k for k in bc]
+                ran = _jax.eval_jaxpr(body_j, *kept, *fed)
                 new = [lax.select(go, r, x) for r, x in zip(ran, c)]
             else:
                 new = lax.cond(go, lambda a, b: list(_jax.eval_jaxpr(body_j, *bc, *a)), lambda a, b: list(b), fed, c)

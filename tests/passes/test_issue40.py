@@ -139,3 +139,20 @@ def test_user_linear_call_unchanged_by_revolve():
     assert before == after == plain_before == plain_after
     assert before["vmap"][0] == "NotImplementedError"      # plain JAX has no batching rule for linear_call
     np.testing.assert_allclose(before["grad"][1], [3., 6., 9.])
+
+
+def test_finished_steps_do_not_poison_constants_gradient():
+    """The bounded form runs the body on every step (a select): on a finished step sqrt(k - y) of a loop constant
+    k is NaN; its gradient must not reach k's (the step sees the constants with a zero tangent there)."""
+    def f(k, x):
+        def body(c):
+            i, y = c
+            return i + 1, y + 0.1 * jnp.sqrt(k - y)
+        return lax.while_loop(lambda c: c[1] < 1.0, body, (0, x))[1]
+    k, x = jnp.float32(1.05), jnp.float32(0.5)
+    n, y = 0, 0.5
+    while y < 1.0:
+        y, n = y + 0.1 * np.sqrt(1.05 - y), n + 1
+    want = jax.grad(lambda k, x: lax.fori_loop(0, n, lambda i, y: y + 0.1 * jnp.sqrt(k - y), x), (0, 1))(k, x)
+    got = jax.grad(jaxform.optimize(f, max_steps=30, memory="min"), (0, 1))(k, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
