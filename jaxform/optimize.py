@@ -272,12 +272,14 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         _check_leaves(fn, leaves, [p for p, _ in leaves_paths], positions)
         try:
             use = _plan.use_of(leaves) if planned else None     # plan for how the result will be used
-            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.planning_key(),
-                   use)
+            key = (in_tree, tuple(map(_aval_key, leaves)), statics, _jax.trace_context(), _plan.cost.planning_key())
             hash(key)
         except TypeError as e:
             raise TypeError(f"jaxform: a static argument of {name} is not hashable: {e}") from None
-        entry = cache.get(key)
+        # one entry per signature, holding a plan per use (forward, grad, vmap...): `None` where the plan is
+        # the same for every use (nothing was planned), so such a program is traced once per signature
+        uses = cache.get(key, {})
+        entry = uses.get(None) or uses.get(use)
         if entry is None:
             args_leaves[:] = [leaves]
             first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
@@ -285,8 +287,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
             if entry[2]:
-                cache[key] = entry
-        closed, out_tree, _ = entry
+                cache.setdefault(key, {})[use if entry[3] else None] = entry
+        closed, out_tree, _, _ = entry
         outs = _outputs(closed, _jax.eval_jaxpr(closed, *leaves))
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -296,7 +298,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         # Constants that are tracers of an enclosing transformation belong to this call only.
         cacheable = not any(isinstance(c, _jax.Tracer) for c in closed.consts)
         if not planned:
-            return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable
+            return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable, False
         if _jax.has_scan3(closed):   # planned from the scans they are
             closed = run_passes(closed, [_passes.scans_from_ref_loops], strict=strict, where=name)
         with _jax.classic_loops():
@@ -304,7 +306,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                                 example_args=args_leaves[0] if args_leaves else None, use=use)
         decisions[:] = chosen.decisions
         last_plan[:] = [chosen]
-        return chosen.closed, out_tree, cacheable
+        return chosen.closed, out_tree, cacheable, chosen.budget is not None   # planned for this use
 
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)

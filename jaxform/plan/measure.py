@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it 
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
 BUDGET_SECONDS = 5.0  # what measuring may spend per plan, at least ...
 BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
+MEMORY_COMPILES = 24  # compiling for XLA's memory (what "never bigger" rests on) may spend this many
 
 
 def cache_dir() -> str:
@@ -65,6 +67,15 @@ class Budget:
     from_cache: int = 0
     exhausted: bool = False
     _memo: dict = field(default_factory=dict, repr=False)
+
+    compile_spent: float = 0.0
+    first_compile: float | None = None
+
+    def allows_compile(self) -> bool:
+        """Compiling for memory has its own, larger allowance: the model's bytes are a last resort."""
+        if self.first_compile is None or math.isinf(self.seconds or 0.0):
+            return True
+        return self.compile_spent < max(BUDGET_SECONDS, MEMORY_COMPILES * self.first_compile)
 
     def allows(self) -> bool:
         if self.seconds is not None and self.spent >= self.seconds:
@@ -126,6 +137,9 @@ def _compiled(closed, budget: Budget):
         budget.compiles += 1
         took = time.perf_counter() - t0
         budget.spent += took
+        budget.compile_spent += took
+        if budget.first_compile is None:
+            budget.first_compile = took
         if budget.seconds is None:
             budget.seconds = max(BUDGET_SECONDS, BUDGET_COMPILES * took)
     return budget._memo[key]
@@ -148,7 +162,8 @@ def temp_bytes(closed, budget: Budget) -> int | None:
     if hit is not None and "temp" in hit:
         budget.from_cache += 1
         return int(hit["temp"])
-    if not budget.allows():
+    if not budget.allows_compile():
+        budget.exhausted = True
         return None
     try:
         temp = int(_compiled(closed, budget).memory_analysis().temp_size_in_bytes)

@@ -44,7 +44,7 @@ from ..ir.identity import structure
 from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
-from .use import UNKNOWN, Use
+from .use import UNKNOWN, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -429,8 +429,12 @@ class _Planning:
             return chosen
         budget = _measure.Budget(math.inf)
         budget._memo = self.costs.budget._memo
-        for view in self.costs.use.views():
-            a, b = self.costs.views(self.closed)[view], self.costs.views(chosen)[view]
+        views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) for v in self.costs.use.views()]
+        first = _cost.first_argument()
+        if not self.costs.use.known and first is not None:   # and what jax.grad(f) takes by default
+            views.append(("grad w.r.t. the first argument", gradient_program(self.closed, set(first)),
+                          gradient_program(chosen, set(first))))
+        for view, a, b in views:
             plain, opt = _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)
             if plain is None or opt is None:
                 continue

@@ -65,7 +65,7 @@ def test_uses_are_planned_apart_and_cached_apart():
     assert not any(planner.base_name_of(d) == "remat_loops" for d in o.decisions())   # forward: no memory pass
     assert all(v.view == "forward" for d in o.decisions() for v in d.after.views)
     jax.grad(o)(*args)
-    assert o.cache_size() == 2
+    assert o.cache_size() == 1             # one signature, a plan per use
     assert o.decisions() and all(v.view == "grad" for d in o.decisions() for v in d.after.views)
 
 
@@ -112,8 +112,10 @@ def test_max_plus_sum_fused_when_used_forward():
     def f(w, xs):
         _, ys = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros(xs.shape[1:]), xs)
         return jnp.max(ys * 2) + jnp.sum(ys)
-    w = jnp.asarray(np.random.default_rng(0).standard_normal((32, 32)) * 0.2, jnp.float32)
-    xs = jnp.asarray(np.random.default_rng(1).standard_normal((512, 16, 32)), jnp.float32)
+    # (at 16 x 32 the fused loop runs 1.3x slower on CPU, 0.88 -> 1.15 ms, and is refused for it: at 64 x 64 it
+    # runs 1.4x faster, 6.5 -> 4.8 ms)
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)) * 0.2, jnp.float32)
+    xs = jnp.asarray(np.random.default_rng(1).standard_normal((512, 64, 64)), jnp.float32)
     o = jaxform.optimize(f)
     y = o(w, xs)
     assert {planner.base_name_of(d): d.kept for d in o.decisions()}.get("fuse_scan_reductions"), o.decisions()
