@@ -15,14 +15,6 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxform"
 
-# The planner's circle, left to the planner rework (issue 39): the modules in it today. Whoever
-# breaks it removes this allowlist; the test then asks for no circle at all. It may only shrink.
-KNOWN_CIRCLE_PLANNER = {
-    "jaxform.passes.recompute",      # imports remat_program's segment cuts ...
-    "jaxform.passes.remat_program",  # ... which imports recompute's `recomputed` inside a function
-}
-
-
 def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -130,7 +122,7 @@ def test_graph_sees_module_and_function_level_imports():
 
 def test_no_import_circle():
     found = circles(import_graph(package_modules()))
-    outside = [sorted(c) for c in found if not c <= KNOWN_CIRCLE_PLANNER]
+    outside = [sorted(c) for c in found]
     assert not outside, f"import circles between jaxform modules: {outside}"
     assert len(found) <= 1, f"the planner's circle split in several: {[sorted(c) for c in found]}"
 
@@ -140,8 +132,6 @@ def test_no_import_circle():
 KNOWN_FUNCTION_LEVEL = {
     "jaxform.cli",                    # lazy imports: `jaxform --help` starts without tracing machinery
     "jaxform.ir.separability",        # `from .. import _jax` inside two functions (no circle: _jax imports no jaxform)
-    "jaxform.passes.remat_program",   # the planner's circle above
-    "jaxform.passes.while_grad",      # remat_loops' _splice / remat_loops (planner area)
 }
 
 

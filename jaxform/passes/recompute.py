@@ -31,8 +31,8 @@ import types
 from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.separability import CALL_LIKE
-from .remat_program import MIN_EQNS_PER_SEGMENT, cuts
-from .remat_program import boundaries as segment_boundaries
+from .segments import MIN_EQNS_PER_SEGMENT, cuts
+from .segments import boundaries as segment_boundaries
 
 NARROW = 0.1    # a cut point is narrow within this share above the least bytes alive in its window
 

@@ -48,6 +48,7 @@ from ..ir import Graph, Node
 from ..ir.identity import is_impure
 from ..ir.separability import varying
 from .registry import register
+from .remat_loops import _splice, remat_loops
 
 BOUND_CMP = {"lt": ("counter", 0), "le": ("counter", 1), "gt": ("limit", 0), "ge": ("limit", 1)}
 
@@ -169,7 +170,6 @@ def _increments(body: Graph, nb: int, i: int) -> bool:
 # ---- the rewrite ----------------------------------------------------------------------------
 
 def _rewrite(graph: Graph, node: Node, steps: int | None, memory, where: str) -> None:
-    from .remat_loops import _splice
     nc, nb = node.params["cond_nconsts"], node.params["body_nconsts"]
     cond_j, body_j = node.regions["cond"].to_jaxpr(), node.regions["body"].to_jaxpr()
     specs = [_jax.spec_of(v.aval) for v in node.inputs]
@@ -221,7 +221,6 @@ def _no_tangent_jvp(primals, tangents):
 
 def _planned(form, specs, memory):
     """`form` with its scan's memory planned by `remat_loops` ("auto" plans as "min": N is only a bound)."""
-    from .remat_loops import remat_loops
     g = Graph.from_jaxpr(jax.make_jaxpr(form)(*specs))
     g = remat_loops(g, memory="min" if memory == "auto" else memory)
     closed = g.to_jaxpr()
