@@ -36,5 +36,11 @@ SCAN3_TESTS ?= tests/passes/test_scan3.py tests/passes/test_fusion_real.py tests
 test-scan3:
 	JAXFORM_TEST_SCAN3=1 $(LATEST)/bin/python -m pytest -n 2 -q -m "not slow" $(SCAN3_TESTS)
 
+# Every benchmark script, its output written to docs/benchmarks.md under the machine, JAX version, date and commit
+# it ran at (the README's headline numbers link there). Long: an hour or more on 2 cores.
 bench: $(BIN)/.installed
-	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	{ echo "# Benchmarks (written by \`make bench\`)"; echo; \
+	  echo "Run on $$(date -u +%F) at commit $$(git rev-parse --short HEAD 2>/dev/null || echo '?'); $$(uname -m), $$(nproc) cores; \
+	  $$($(BIN)/python -c 'import jax; print("JAX", jax.__version__, "on", jax.devices()[0].device_kind)')."; \
+	  for b in benchmarks/*.py; do echo; echo "## $$b"; echo; echo '```'; $(BIN)/python $$b 2>&1 || echo "(exit status $$?: this script needs what .venv lacks, e.g. PyMC: .ci/pymc.sh)"; echo '```'; done; \
+	} > docs/benchmarks.md.new && mv docs/benchmarks.md.new docs/benchmarks.md

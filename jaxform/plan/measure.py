@@ -37,7 +37,7 @@ MIN_REPS = 2
 NOISE = 0.05          # two measured times closer than this are a tie (the machine's noise, 2 loaded cores)
 MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it is believed (min of both)
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
-BUDGET_SECONDS = 5.0  # what measuring may spend per plan, at least ...
+BUDGET_SECONDS = 5.0  # what running candidates may take per plan (compiles apart), at least ...
 BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
 MEMORY_COMPILES = 24  # compiling for XLA's memory (what "never bigger" rests on) may spend this many
 
@@ -78,7 +78,8 @@ class Budget:
         return self.compile_spent < max(BUDGET_SECONDS, MEMORY_COMPILES * self.first_compile)
 
     def allows(self) -> bool:
-        if self.seconds is not None and self.spent >= self.seconds:
+        """May another pair be timed? Running time counts against `seconds`; compiling has its own allowance."""
+        if self.seconds is not None and self.spent - self.compile_spent >= self.seconds:
             self.exhausted = True
         return not self.exhausted
 
@@ -244,8 +245,8 @@ def _interleaved(fns, args, budget: Budget) -> list[float] | None:
     calls = max(1, min(50, int(SAMPLE_SECONDS / max(min(first), 1e-6))))
     long = max(first) > RUN_SECONDS     # a long run: its warm-up counts as a sample (compiled already)
     reps = MIN_REPS - 1 if long else REPS
-    if budget.seconds is not None and \
-            budget.spent + (time.perf_counter() - t0) + reps * sum(first) * calls > budget.seconds:
+    if budget.seconds is not None and budget.spent - budget.compile_spent + (time.perf_counter() - t0) + \
+            reps * sum(first) * calls > budget.seconds:
         budget.spent += time.perf_counter() - t0
         budget.exhausted = True
         return None
