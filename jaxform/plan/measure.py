@@ -39,6 +39,8 @@ MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it 
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
 BUDGET_SECONDS = 5.0  # what running candidates may take per plan (compiles apart), at least ...
 BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
+BUDGET_RUNS = 12      # ... or this many runs of the slowest program timed (a loop run thousands of times in
+                      # training pays a dozen runs once; the disk cache makes it once per machine)
 MEMORY_COMPILES = 24  # compiling for XLA's memory (what "never bigger" rests on) may spend this many
 
 
@@ -242,6 +244,8 @@ def _interleaved(fns, args, budget: Budget) -> list[float] | None:
         s = time.perf_counter()
         jax.block_until_ready(f(*args))
         first.append(time.perf_counter() - s)
+    if budget.seconds is not None:
+        budget.seconds = max(budget.seconds, BUDGET_RUNS * max(first))
     calls = max(1, min(50, int(SAMPLE_SECONDS / max(min(first), 1e-6))))
     long = max(first) > RUN_SECONDS     # a long run: its warm-up counts as a sample (compiled already)
     reps = MIN_REPS - 1 if long else REPS
