@@ -131,7 +131,6 @@ def test_no_import_circle():
 # one only for an optional dependency such as PyTensor); these are left to their owners. The set may only shrink.
 KNOWN_FUNCTION_LEVEL = {
     "jaxform.cli",                    # lazy imports: `jaxform --help` starts without tracing machinery
-    "jaxform.ir.separability",        # `from .. import _jax` inside two functions (no circle: _jax imports no jaxform)
 }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from .. import _jax
 from . import identity
 from .graph import Graph, Node, Value
 
@@ -289,7 +290,6 @@ def _gather(node, axes):
 # ---- call-like: the body per step -------------------------------------------------------
 
 def _call(node, axes, length):
-    from .. import _jax
     p = dict(node.params)
     for key in ("in_shardings", "out_shardings"):
         if key in p and not all(_jax.is_unspecified(s) for s in p[key]):
@@ -350,7 +350,6 @@ def _step_jvp(jvp_fun, axes, oaxes, length):
 
 def _jax_open(closed, k):
     """A jaxpr whose first k invars (the jvp's consts) become constvars again."""
-    from .. import _jax
     j = closed.jaxpr
     assert not j.constvars
     return _jax.Jaxpr(j.invars[:k], j.invars[k:], j.outvars, j.eqns, j.effects, j.debug_info)
