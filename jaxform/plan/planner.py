@@ -169,6 +169,9 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory) 
         if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + (0 if exact else MEMORY_REL)):
             return False, f"more {a.view} temp memory than the program as traced"
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
+    if (memory == "min" or isinstance(memory, (int, float)) and not isinstance(memory, bool)) and not gives_back \
+            and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
+        return True, f"less memory (memory={memory!r}: memory first, time not weighed)"
     big_win = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
                                      _less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
     if gives_back:      # for a speedup of GIVE_BACK_* in some view (and, below, no view slower)
