@@ -126,9 +126,12 @@ def test_remat_loops_corpus_scan_rnn_in_explicit_mesh(memory):
         want, got = jax.jit(jax.grad(loss(scan_rnn), (0, 1)))(xs, w), jax.jit(jax.grad(loss(opt), (0, 1)))(xs, w)
         for a, b in zip(want, got):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-        if memory == "min":   # ("auto" keeps this loop on JAX 0.12, which stores fewer residuals)
-            g = jaxform.trace(opt, xs, w)
+        # the pass itself, unplanned: it reschedules the loop and keeps the mesh in the result types (whether the
+        # planner keeps that schedule is XLA's say: on JAX 0.12 this 7-step loop's gradient w.r.t. xs grows)
+        g = jaxform.passes.remat_loops(jaxform.trace(scan_rnn, xs, w), memory=memory)
+        if memory == "min":
             assert any(n.name in ("remat2", "checkpoint") for n, _ in g.walk())   # the loop was rescheduled
+        assert _types(g.evaluate(xs, w)) == _types(jax.jit(scan_rnn)(xs, w))
 
 
 def test_remat_loops_data_parallel_rnn_explicit_batch_sharding():

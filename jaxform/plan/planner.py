@@ -160,10 +160,11 @@ def _how(a: ViewCost) -> str:
     return "measured" if a.time_from == "measured" else "predicted"
 
 
-def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory) -> tuple[bool, str]:
+def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
+          use: Use = UNKNOWN) -> tuple[bool, str]:
     """(keep?, why) for a proposal turning `before` into `after`; `plain` is the program as traced."""
     if memory_pass:
-        return _judge_memory(plain, before, after, memory)
+        return _judge_memory(plain, before, after, memory, use)
     big = big_win(before, after)
     for a in after.views:
         p, b = plain[a.view], before[a.view]
@@ -210,8 +211,8 @@ def big_win(before: Cost, after: Cost) -> bool:
     return False
 
 
-def _judge_memory(plain: Cost, before: Cost, after: Cost, memory) -> tuple[bool, str]:
-    grads = [a for a in after.views if "grad" in a.view]
+def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> tuple[bool, str]:
+    grads = [a for a in after.views if use.differentiates(a.view)]
     if not grads:
         return False, "the function is used forward only: nothing to remember"
     a = grads[0]
@@ -361,7 +362,8 @@ class _Planning:
         ref, prop = self.run_passes(state, tail), self.run_passes(cand, tail)
         self.plain      # noqa: B018 - the traced program first: its compile sets the measuring budget
         before, after, measured = self.costs.pair(ref, prop, lambda b, a: self.memory_settles(b, a, name))
-        keep, why = judge(self.plain, before, after, memory_pass=name in MEMORY_PASSES, memory=self.memory)
+        keep, why = judge(self.plain, before, after, memory_pass=name in MEMORY_PASSES, memory=self.memory,
+                          use=self.costs.use)
         return keep, why, before, after, measured
 
     def memory_settles(self, before: Cost, after: Cost, name: str) -> bool:
@@ -369,7 +371,7 @@ class _Planning:
         budget/"min" keeps it whatever the time.) Then nothing is timed."""
         untimed = lambda c: Cost(tuple(ViewCost(v.view, v.temp_bytes, None, v.memory_from) for v in c.views))
         keep, why = judge(self.plain, untimed(before), untimed(after), memory_pass=name in MEMORY_PASSES,
-                          memory=self.memory)
+                          memory=self.memory, use=self.costs.use)
         return (not keep and "memory" in why and "gives back" not in why) or \
             (keep and name in MEMORY_PASSES and self.memory != "auto")
 
@@ -506,7 +508,7 @@ class _Planning:
             return keep, why
         tail = [q for q in self.pipeline[i + 1:] if not decided(q) or q in later]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
-        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory)
+        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
@@ -516,7 +518,7 @@ class _Planning:
             return keep, why
         tail = self.pipeline[i + 1:later[0] + 1]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
-        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory)
+        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         faster = any(a.seconds is not None and before[a.view].seconds is not None and
                      a.seconds < before[a.view].seconds for a in after.views)
         if not k2 or not (any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views) or faster):

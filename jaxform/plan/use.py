@@ -46,6 +46,13 @@ class Use:
     def differentiated(self) -> bool:
         return not self.known or any(isinstance(s, str) or s[0] == "grad" for s in self.steps)
 
+    def differentiates(self, view: str) -> bool:
+        """Is `view` a gradient, the program a memory pass (what the loops store for the backward) acts on?
+        Not the forward of a program that is already a gradient: it is run as it is, never differentiated."""
+        if view == HYPOTHETICAL_GRAD:
+            return True
+        return view == self.label and any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
+
     def views(self) -> tuple[str, ...]:
         """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""
         return ("forward", HYPOTHETICAL_GRAD) if not self.known else (self.label,)

@@ -1,6 +1,6 @@
 """Findings of an attack on the planner, while_grad and remat_program (one test per finding).
 
-Each test is xfail(strict=True): it passes while the bug exists and alerts when fixed.
+Open findings are xfail(strict=True): they pass while the bug exists and alert when fixed.
 What held up (no test): see the commit message of this file.
 """
 from __future__ import annotations
@@ -29,12 +29,11 @@ def _rnn(xs, w):
 ARGS = (jnp.ones((50, 16)), jnp.eye(16) * 0.5)
 
 
-@pytest.mark.xfail(strict=True, reason="memory='min' on optimize(jax.grad(rnn)) keeps more XLA temp "
-                                       "memory than memory=None / memory=0 (7940 vs 6724 B on CPU)")
 def test_memory_min_not_above_memory_none_on_grad_program():
     """optimize(jax.grad(f), memory="min") asks for the least memory whatever the time, yet XLA's
-    temp for it (7940 B, CPU, JAX 0.10.2) is above what the default memory=None gives (6724 B) and
-    what memory=0 gives (6724 B). Values agree; still within plain jit's 12996 B (low severity)."""
+    temp for it was above what the default memory=None gives (11460 vs 9924 B, CPU, JAX 0.10.2): the
+    planner took the program's own forward view ("forward (gradient program)") for a gradient and kept
+    remat_loops' checkpoints, which only pay if the program is differentiated again. Fixed: `Use.differentiates`."""
     g = jax.grad(_rnn)
     t_min = _temp(jaxform.optimize(g, memory="min"), *ARGS)
     t_none = _temp(jaxform.optimize(g, memory=None), *ARGS)

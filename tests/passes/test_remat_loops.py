@@ -211,7 +211,6 @@ def test_effects_are_left_alone():
     assert plan(g) == []
 
 
-@_OPEN_ON_012
 def test_budget_picks_cheapest_schedule_that_fits():
     fn, args = PROGRAMS["rnn_mse"]
     g = jaxform.trace(jaxform.optimize(fn, memory=None), *args)
