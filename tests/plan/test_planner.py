@@ -15,6 +15,7 @@ import jaxform
 from jaxform import passes as P
 from jaxform.plan import cost, planner
 from jaxform.plan.planner import Cost, ViewCost
+from jaxform.plan.use import Use
 
 from plan.programs import programs
 
@@ -132,7 +133,9 @@ def _cost(fwd, fs, grad=None, gs=None, timed=False):
 def test_judge_objective():
     plain = _cost(100e6, 1.0, 200e6, 3.0)
     fused = _cost(1e6, 0.9, 200e6, 2.9)
-    judge = lambda b, a, **k: planner.judge(plain, b, a, memory_pass=k.get("mp", False), memory=k.get("memory"))[0]
+    grad = Use((("grad", (0,)),))     # its view is "grad"
+    judge = lambda b, a, **k: planner.judge(plain, b, a, memory_pass=k.get("mp", False), memory=k.get("memory"),  # noqa: E731
+                                            use=grad)[0]
     assert judge(plain, fused)
     # more memory than the traced program: never, however fast
     assert not judge(fused, _cost(150e6, 0.1, 200e6, 1.0))
