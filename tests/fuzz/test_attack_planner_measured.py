@@ -118,7 +118,8 @@ def _sincos(xs, w):
 
 @pytest.mark.xfail(strict=True,
                    reason="jax.grad(jax.jit(optimize(f)), argnums=1) is bigger than jax.grad(f, 1): 16816 vs 16580 B "
-                          "(L=64, H=16), 640816 vs 512388 B (1.25x, L=500, H=64) on CPU, JAX 0.10.2 and 0.12: under an unknown "
+                          "(L=64, H=16), 640816 vs 512388 B (1.25x, L=500, H=64) on CPU, JAX 0.10.2 and 0.12: "
+                          "under an unknown "
                           "use only the gradient of all floats and of the first argument are judged")
 def test_grad_of_jit_wrt_a_later_argument_not_bigger():
     """A jit trace hides the use, so the planner weighs the forward, the gradient of every float input (1%)
@@ -218,7 +219,8 @@ def test_explain_bad_loop_memory_names_the_function():
 
 @pytest.mark.xfail(strict=True,
                    reason="jaxform.explain(f, 'a', w) fails with JAX's 'Error interpreting argument to <function "
-                          "trace_flat.<locals>.<lambda>>', naming jaxform's internal lambda, not f (optimize(f)('a', w) "
+                          "trace_flat.<locals>.<lambda>>', naming jaxform's internal lambda, not f "
+                          "(optimize(f)('a', w) "
                           "names f and the argument); JAX 0.10.2 and 0.12")
 def test_explain_bad_argument_names_the_function():
     with pytest.raises(TypeError, match="my_loss"):
@@ -259,12 +261,63 @@ def _custom_jvp_rnn(big_rule: bool):
 
 def test_cache_tells_apart_programs_printed_alike(monkeypatch, tmp_path):
     """Held up: two programs whose forward jaxprs print identically (same-named custom_jvp, different rules:
-    their gradients differ, 16580 vs 20736 B plain) share one disk cache, planned twice each (the second time
-    from the cache): each gradient is right and no bigger than plain JAX's."""
+    their gradients differ: 16580 vs 20736 B plain at L=64) share one disk cache, planned a, b, then a
+    again (from the cache): each gradient is right and no bigger than plain JAX's."""
     monkeypatch.setenv("JAXFORM_TUNE_CACHE", str(tmp_path))
     fa, fb = _custom_jvp_rnn(False), _custom_jvp_rnn(True)
-    assert str(jax.make_jaxpr(fa)(XS, W)) == str(jax.make_jaxpr(fb)(XS, W))
-    for f in (fa, fb, fa, fb):
-        g_plain, g_opt = jax.grad(f, 1), jax.grad(jaxform.optimize(f), 1)
-        np.testing.assert_allclose(g_opt(XS, W), g_plain(XS, W), rtol=1e-5, atol=1e-6)
-        assert _temp(g_opt, XS, W) <= _temp(g_plain, XS, W)
+    xs = XS[:24]
+    assert str(jax.make_jaxpr(fa)(xs, W)) == str(jax.make_jaxpr(fb)(xs, W))
+    plain = {f: _temp(jax.grad(f, 1), xs, W) for f in (fa, fb)}
+    assert plain[fa] < plain[fb]
+    for f in (fa, fb, fa):
+        g_opt = jax.grad(jaxform.optimize(f), 1)
+        np.testing.assert_allclose(g_opt(xs, W), jax.grad(f, 1)(xs, W), rtol=1e-5, atol=1e-6)
+        assert _temp(g_opt, xs, W) <= plain[f]
+
+
+@pytest.mark.xfail(strict=True,
+                   reason="jax.jit(optimize(f)) forward temp above jax.jit(f)'s: 129320 vs 128360 B (+960 B, 0.75%) on "
+                          "the sin/cos scan at L=500, H=64 (CPU, JAX 0.10.2): the documented 1% 'big win' allowance "
+                          "breaks 'never worse than jax.jit' in the view jit runs")
+def test_jit_forward_never_above_plain_jit_at_all():
+    """Under jit the use is unknown; fusion is kept for the forward (125 KiB -> 1.3 KiB), then fission 'faster
+    for memory an earlier pass won' gives it back to 126.3 KiB, 960 B above plain, allowed because the
+    hypothetical gradient wins big (512388 -> 385028 B). Low severity (by design per docs/planner.md), but the
+    promise as stated is to the byte."""
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.standard_normal((500, 64)) * 0.3, jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
+
+    def sincos(xs, w):
+        def body(c, x):
+            c = c + jnp.cos(x) * w[0]
+            return c, jnp.sin(c)
+        c, ys = lax.scan(body, jnp.zeros(64), xs)
+        return jnp.sum(ys ** 2) + jnp.sum(c)
+
+    opt = jaxform.optimize(sincos)
+    np.testing.assert_allclose(jax.jit(opt)(xs, w), sincos(xs, w), rtol=1e-5)
+    assert _temp(opt, xs, w) <= _temp(sincos, xs, w), (_temp(opt, xs, w), _temp(sincos, xs, w))
+
+
+def test_x64_toggled_one_object_one_cache():
+    """Held up: the same optimized function and disk cache under x64 off, then on: dtypes, gradients and
+    XLA temp (no bigger than plain) right each time (keys include x64 and dtypes)."""
+    rng = np.random.default_rng(0)
+    xs, w = rng.standard_normal((24, H)) * 0.3, rng.standard_normal((H, H)) * 0.3
+
+    def rnn(xs, w):
+        def body(h, x):
+            h = jnp.tanh(h @ w + x)
+            return h, h
+        _, ys = lax.scan(body, jnp.zeros(H, xs.dtype), xs)
+        return jnp.sum(jnp.sin(ys) ** 2)
+
+    opt = jaxform.optimize(rnn)
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            a = (jnp.asarray(xs), jnp.asarray(w))
+            r0, r1 = jax.grad(rnn, 1)(*a), jax.grad(opt, 1)(*a)
+            assert r0.dtype == r1.dtype == (jnp.float64 if x64 else jnp.float32)
+            np.testing.assert_allclose(r1, r0, rtol=1e-5, atol=1e-6)
+            assert _temp(jax.grad(opt, 1), *a) <= _temp(jax.grad(rnn, 1), *a)
