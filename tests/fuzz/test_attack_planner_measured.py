@@ -126,7 +126,9 @@ def test_grad_of_jit_wrt_a_later_argument_not_bigger():
     and, in the final guard, the gradient of the first argument. `jax.grad(jax.jit(opt), argnums=1)` runs the
     gradient w.r.t. `w` alone, which no view covers: fusion + fission shrink the all-floats gradient
     (20.3 -> 12.4 KiB) while the w-only one grows, past even the 1% the docs allow a hypothetical gradient.
-    The same on a nested scan: 164292 vs 164228 B. `jax.grad(optimize(f), 1)` (use known) is fine."""
+    The same on a nested scan: 164292 vs 164228 B, and for per-example gradients of the sin/cos scan,
+    `jax.vmap(jax.grad(jax.jit(opt), 1), (0, None))` over 4 examples: 82544 vs 66372 B (1.24x).
+    `jax.grad(optimize(f), 1)` and `jax.vmap(jax.grad(optimize(f), 1))` (use known) are fine."""
     opt = jaxform.optimize(_sincos)
     g_plain, g_opt = jax.grad(_sincos, 1), jax.grad(jax.jit(opt), 1)
     a, b = g_plain(XS, W), g_opt(XS, W)      # (fusion reorders a sum: 4e-4 on 5.2 among entries up to 1331)
@@ -148,7 +150,7 @@ def _in_cond(xs, w):
 @pytest.mark.xfail(strict=True,
                    reason="memory='min' under jax.jit (use unknown) leaves the forward that jit runs above "
                           "memory=None's: 4520 vs 4456 B (a scan in a cond), 17064 vs 16936 B (two scans) on CPU, "
-                          "JAX 0.10.2")
+                          "JAX 0.10.2 (4520 vs 4456 B on 0.12)")
 def test_memory_min_forward_under_jit_not_above_memory_none():
     """`jax.jit(optimize(f, memory="min"))(xs, w)` runs the forward program; "min" asks for the least memory
     and must not be above what memory=None gives in the view that runs. Under an unknown use remat_loops'
@@ -183,10 +185,11 @@ def _best_of(fns, args, reps=30):
 
 @pytest.mark.skipif(not os.environ.get("JAXFORM_ATTACK_TIMING"),
                     reason="timing (about 15 s, noise-sensitive): run with JAXFORM_ATTACK_TIMING=1")
-@pytest.mark.xfail(strict=True,
+@pytest.mark.xfail(jaxform._jax.JAX_VERSION < (0, 11), strict=True,
                    reason="with timing on (JAXFORM_MEASURE=1, the users' default) jax.grad(optimize(f)) of an RNN "
                           "with exp(W) @ x in the body runs 1.18x slower than jax.grad(f) (0.53 vs 0.45 ms, L=500, "
-                          "H=64, CPU, JAX 0.10.2, 3 repeats) for 3.6x less memory; memory='auto' promises no time")
+                          "H=64, CPU, JAX 0.10.2, 3 repeats; 1.11-1.14x under the suite's 8 host "
+                          "devices) for 3.6x less memory; memory='auto' promises no time (JAX 0.12: within 5%, 2 runs)")
 def test_measured_default_grad_not_slower(monkeypatch, tmp_path):
     """Kept: hoisting (measured 1.15x), fusion (fusion alone: 1.43x slower, judged 0.93x 'once loop memory
     planning has run', i.e. against hoisted + remat, a remat that 'auto' would never keep on the hoisted
@@ -201,7 +204,7 @@ def test_measured_default_grad_not_slower(monkeypatch, tmp_path):
     g_opt = jax.grad(jaxform.optimize(_hoist), 1)
     jax.jit(g_opt).lower(xs, w)                                    # plan (timing candidates) first
     t_plain, t_opt = _best_of([jax.grad(_hoist, 1), g_opt], (xs, w))
-    assert t_opt <= t_plain * 1.10, (t_opt, t_plain)
+    assert t_opt <= t_plain * 1.05, (t_opt, t_plain)      # measure.NOISE
 
 
 def my_loss(xs, w):
@@ -278,7 +281,7 @@ def test_cache_tells_apart_programs_printed_alike(monkeypatch, tmp_path):
 @pytest.mark.xfail(strict=True,
                    reason="jax.jit(optimize(f)) forward temp above jax.jit(f)'s: 129320 vs 128360 B (+960 B, 0.75%) on "
                           "the sin/cos scan at L=500, H=64 (CPU, JAX 0.10.2): the documented 1% 'big win' allowance "
-                          "breaks 'never worse than jax.jit' in the view jit runs")
+                          "breaks 'never worse than jax.jit' in the view jit runs (same on 0.12)")
 def test_jit_forward_never_above_plain_jit_at_all():
     """Under jit the use is unknown; fusion is kept for the forward (125 KiB -> 1.3 KiB), then fission 'faster
     for memory an earlier pass won' gives it back to 126.3 KiB, 960 B above plain, allowed because the
