@@ -182,7 +182,9 @@ def _memory_passes(memory, max_steps, name: str) -> list:
     """What `memory=` appends to a pipeline: while loops made differentiable within a bound, then loop
     memory planning (which then also plans the bounded loops' enclosing scans), then segment
     checkpointing of programs without loops."""
-    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory), remat_program_with(memory)]
+    # one owner of a byte budget: remat_loops fits the loops, remat_program the rest and says what is unmet
+    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory, warn=False),
+            remat_program_with(memory)]
 
 
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
@@ -283,7 +285,12 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         if entry is None:
             args_leaves[:] = [leaves]
             first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
-            with _plan.cost.first_argument_is(first):     # what jax.grad(f) differentiates by default
+            asked = None
+            if use is not None and use.known and use.steps and isinstance(use.steps[0], tuple) and use.steps[0][0] == "grad":
+                wrt = use.steps[0][1]
+                if first is None or set(wrt) != set(first):   # argnums other than the default
+                    first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
+            with _plan.cost.first_argument_is(first, asked):     # what jax.grad(f) differentiates by default
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
             if entry[2]:

@@ -102,19 +102,32 @@ def _chunk(length: int) -> int:
 
 
 @register(exact=False, loops=True)
-def remat_loops(graph: Graph, memory="auto") -> Graph:
-    """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget)."""
+def remat_loops(graph: Graph, memory="auto", warn: bool = True) -> Graph:
+    """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget).
+
+    A byte budget (and "auto" where the gradient might not fit the device) is the planner's to meet
+    (`plan.memory.fit_loops`: XLA measures, schedules tighten until it fits); warn=False leaves an unmet
+    budget's warning to the pass that owns the rest of it (`optimize`'s remat_program)."""
     if memory is None:
         return graph
     check_memory(memory)
+    if memory == "auto":
+        budget, _ = decider("auto_budget")(graph)       # a device limit the gradient might not fit
+        memory = "auto" if budget is None else budget
+    if not isinstance(memory, str) and any(n.name in ("scan", "while") for n, _ in graph.walk()):
+        return decider("fit_loops")(graph, memory, schedule, warn)   # never silent (issue 38)
+    schedule(graph, memory)
+    return graph
+
+
+def schedule(graph: Graph, memory) -> list[LoopPlan]:
+    """Give each loop of `graph` (in place) the schedule the planner picks for `memory`; their plans."""
     plans = plan(graph)
     decider("loop_schedules")(plans, memory)   # the decision is the planner's (plan.memory)
     for owner, node, p in plans:
         if p.schedule != "keep":
             _rewrite(owner, node, p)
-    if not isinstance(memory, str) and any(n.name in ("scan", "while") for n, _ in graph.walk()):
-        decider("loop_budget_check")(graph, memory, [p for *_, p in plans])   # never silent (issue 38)
-    return graph
+    return [p for *_, p in plans]
 
 
 def check_memory(memory, where: str = "jaxform") -> None:
@@ -136,9 +149,9 @@ def check_memory(memory, where: str = "jaxform") -> None:
         raise ValueError(f"{where}: the memory budget must be a finite number of bytes >= 0, got {memory!r}")
 
 
-def with_memory(memory):
+def with_memory(memory, warn: bool = True):
     """`remat_loops` with a fixed `memory` setting, as a pass (what `optimize(memory=...)` appends)."""
-    p = functools.partial(remat_loops, memory=memory)
+    p = functools.partial(remat_loops, memory=memory, warn=warn)
     p.pass_name, p.exact = f"remat_loops(memory={memory!r})", False
     return p
 

@@ -18,7 +18,9 @@ Which candidate, if any, is the planner's decision (`plan.memory.choose`: each
 candidate's gradient compiled and measured by XLA, the fastest that fits a budget,
 the least for `"min"`; `"auto"` only where the gradient might not fit the device).
 A program that is itself a gradient gets `passes.recompute`'s schedules instead.
-Programs with loops are left to `remat_loops`; programs with effects (callbacks,
+Under a byte budget, a program with loops comes here after `remat_loops` gave its loops
+schedules: what they left over is this pass's (segments around and across the loops: one owner of
+the budget, issue 38); under "min" loops are `remat_loops`' alone. Programs with effects (callbacks,
 RNG state, refs) are left alone (recomputing would repeat them). Forward cost is
 unchanged: `jax.checkpoint` only changes what differentiation stores.
 """
@@ -34,7 +36,7 @@ from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.sizes import value_bytes
 from .decisions import decider
-from .recompute import recomputed
+from .recompute import is_gradient, recomputed
 from .registry import register
 from .segments import MATMULS, MIN_EQNS_PER_SEGMENT, boundaries, cuts  # noqa: F401 (re-exported)
 
@@ -56,7 +58,15 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
         memory, asked = decider("auto_budget")(graph)
         if memory is None:
             return graph
+    loops = any(n.name in ("scan", "while") for n, _ in graph.walk())
+    if loops and (schedule is not None or isinstance(memory, str)):
+        return graph           # "min": remat_loops plans the loops; the straight-line parts stay
+    if loops and is_gradient(graph.to_jaxpr()):
+        decider("loop_budget_check")(graph, memory, [])   # its loops' residuals are values now: said, not fitted
+        return graph
     if not _eligible(graph):
+        if loops:              # a budget remat_loops left over (it does not warn in `optimize`): said here
+            decider("loop_budget_check")(graph, memory, [])
         return graph
     closed = graph.to_jaxpr()
     if schedule is not None:
@@ -79,9 +89,9 @@ def with_memory(memory, schedule: tuple | None = None):
 
 
 def _eligible(graph: Graph) -> bool:
-    if any(n.name in ("scan", "while") for n, _ in graph.walk()):
-        return False           # loops: remat_loops plans them
-    if any(is_impure(n) for n in graph.nodes):
+    # loops (under a byte budget, what their schedules from remat_loops left over) are equations like others:
+    # a segment holding one is recomputed whole in the backward pass, its own schedule inside
+    if any(is_impure(n) for n, _ in graph.walk()):
         return False
     return len(graph.nodes) >= 2 * MIN_EQNS_PER_SEGMENT
 

@@ -152,18 +152,24 @@ def device_memory() -> int | None:
 
 
 _FIRST_ARGUMENT: contextvars.ContextVar = contextvars.ContextVar("jaxform_first_argument", default=None)
+_ASKED: contextvars.ContextVar = contextvars.ContextVar("jaxform_asked_gradient", default=None)
 
 
 @contextlib.contextmanager
-def first_argument_is(inputs: range):
-    """`optimize` tells the planner which program inputs are the traced function's first argument: what
-    `jax.grad(f)` differentiates by default, the gradient a byte budget must fit besides the full one."""
-    with _setting(_FIRST_ARGUMENT, inputs):
+def first_argument_is(inputs, asked: str | None = None):
+    """`optimize` tells the planner which program inputs the gradient a byte budget must fit differentiates,
+    besides the full one: the traced function's first argument (what `jax.grad(f)` takes by default), or,
+    under `jax.grad(..., argnums)`, the inputs it differentiates; `asked` names that gradient for warnings."""
+    with _setting(_FIRST_ARGUMENT, inputs), _setting(_ASKED, asked):
         yield
 
 
-def first_argument() -> range | None:
+def first_argument():
     return _FIRST_ARGUMENT.get()
+
+
+def asked_gradient() -> str | None:
+    return _ASKED.get()
 
 
 def planning_key() -> tuple:

@@ -56,6 +56,10 @@ PER_LOOP = DECIDED - MEMORY_PASSES - {"stream_rows"}
 # A rewrite that pays only through a later pass (streaming a buffer's rows costs a stack that only fusion
 # reduces away) is judged together with that pass; if the later pass then is not kept, it is undone.
 ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_then_pull_back"}
+# Passes that act on the program as the plan leaves it (what a byte budget's loop schedules left over:
+# segment checkpointing, compiled and measured per candidate): run once, last, never in the tails that
+# proposals are judged with (there they would measure programs the plan never keeps).
+LAST_WORD = frozenset({"remat_program"})
 TIME_SLACK = 0.02          # a proposal may be *predicted* this much slower (the model's resolution)
 NOISE = _measure.NOISE     # ... or *measured* this much slower (the machine's)
 CONFIDENT = 2.0            # a predicted time ratio beyond this is taken from the model; inside it, measured
@@ -345,10 +349,22 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
 class _Planning:
     def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
-        self.run_passes = lambda c, ps: run_passes(c, ps, strict=strict, where=where)
+        self.strict, self.where = strict, where
+        self.said: list = []     # the warnings of the proposals kept, said once the plan is made
         self.always = [p for p in pipeline if not decided(p)]
         self._plain = None
         self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
+
+    def propose(self, c, ps):
+        """`ps` run over `c`, and the warnings they gave (said only if this program is kept)."""
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = run_passes(c, ps, strict=self.strict, where=self.where)
+        return out, said
+
+    def run_passes(self, c, ps):
+        """`ps` run over `c` to judge or compare: what they warn of is the proposal's, said with it."""
+        return self.propose(c, ps)[0]
 
     @property
     def plain(self) -> Cost:
@@ -358,7 +374,8 @@ class _Planning:
         return self._plain
 
     def judged(self, i, state, cand, name):
-        tail = [q for q in self.pipeline[i + 1:] if q in self.always]   # judge what dce etc. make of both
+        tail = [q for q in self.pipeline[i + 1:] if q in self.always and base_name(q) not in LAST_WORD]
+        # (judge what dce etc. make of both)
         ref, prop = self.run_passes(state, tail), self.run_passes(cand, tail)
         self.plain      # noqa: B018 - the traced program first: its compile sets the measuring budget
         before, after, measured = self.costs.pair(ref, prop, lambda b, a: self.memory_settles(b, a, name))
@@ -392,10 +409,11 @@ class _Planning:
                 good = self.replay(pipeline[:i + 1], skip)
 
         for i, p in enumerate(pipeline):
-            name = base_name(p)
-            cand = self.run_passes(good, [p])
+            name, alt = base_name(p), None
+            cand, said = self.propose(good, [p])
             if not decided(p) or cand is good:
                 good = cand
+                self.said += said
                 if decided(p):
                     undo_pending(i, name)
                 continue
@@ -403,9 +421,11 @@ class _Planning:
                 undo_pending(i, name)
                 continue
             if (name in PER_LOOP or getattr(p, "decided", False)) and len(top_loops(Graph.from_jaxpr(good))) > 1:
-                good, kept = self.loop_by_loop(i, p, name, good, decisions)
+                good, kept, counts_on = self.loop_by_loop(i, p, name, good, decisions)
                 if kept:
                     won.append(i)
+                    if counts_on:
+                        pending[ENABLES[name]] = i
                 else:
                     skip.add(i)
                 self.partial |= kept and not _same(good, self.run_passes(self.replay(pipeline[:i], skip), [p]))
@@ -419,7 +439,8 @@ class _Planning:
                     pending[ENABLES[name]] = i
             if not keep and ("memory" in why or "gives back" in why) and won and name not in MEMORY_PASSES:
                 j = won[-1]      # the same proposal on the program without the last memory win
-                alt = self.replay(pipeline[:i + 1], skip | {j})
+                alt, alt_said = self.propose(self.closed, [q for k, q in enumerate(pipeline[:i + 1])
+                                                           if k not in skip | {j}])
                 if not _same(alt, good):
                     k2, why2, _, after2, m2 = self.judged(i, good, alt, name)
                     if k2:
@@ -429,10 +450,12 @@ class _Planning:
                         won.remove(j)
                         keep, why, after, cand, measured = True, f"instead of {base_name(pipeline[j])}: {why2}", \
                             after2, alt, m2
+                        self.said = list(alt_said)     # the whole pipeline so far, replayed without j
             decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured,
                                       keep and big_win(before, after)))
             if keep:
                 good = cand
+                self.said += said if cand is not alt else []
                 if any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
                     won.append(i)
             else:
@@ -440,6 +463,9 @@ class _Planning:
                 undo_pending(i, name)
             pending.pop(name, None)
         chosen = self.guard(good, decisions)
+        if chosen is good:
+            for w in self.said:      # what the kept proposals warned of, once (not the ones judged and dropped)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return Plan(chosen, decisions, frozenset(skip) if chosen is good else
                     frozenset(k for k, p in enumerate(pipeline) if decided(p)), partial=self.partial)
 
@@ -469,12 +495,14 @@ class _Planning:
                 decisions.append(Decision("planner", False, self.plain, self.plain,
                                           f"XLA measured {view} temp {opt} B > {plain} B as traced: "
                                           f"no loop rewrite is kept"))
-                return self.run_passes(self.closed, self.always)
+                return run_passes(self.closed, self.always, strict=self.strict, where=self.where)
         return chosen
 
     def loop_by_loop(self, i, p, name, good, decisions: list):
-        """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits."""
-        kept = False
+        """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits.
+        Returns the program, whether any loop's rewrite was kept, and whether one was kept only with the
+        pass it enables (`ENABLES`), which must then be kept too."""
+        kept = counts_on = False
         n = len(top_loops(Graph.from_jaxpr(good)))
         for k in range(n):
             loops = top_loops(Graph.from_jaxpr(good))
@@ -488,12 +516,15 @@ class _Planning:
             keep, why, before, after, measured = self.judged(i, good, cand, name)
             if not keep and why.startswith("more grad"):
                 keep, why = self.after_memory_planning(i, good, cand, keep, why)
+            if not keep and name in ENABLES:   # (hoisting W @ W.T out of a gradient's loops pays with the sum after)
+                keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
+                counts_on |= keep
             where = loops[k].location() or "no source line"
             decisions.append(Decision(f"{getattr(p, 'pass_name', name)} [loop {k + 1} of {n}, {where}]", keep,
                                       before, after, why, measured, keep and big_win(before, after)))
             if keep:
                 good, kept = cand, True
-        return good, kept
+        return good, kept, counts_on
 
     def replay(self, pipeline, skip: set):
         """The traced program through `pipeline` less the passes at the indices in `skip`."""
@@ -506,7 +537,7 @@ class _Planning:
         later = [q for q in self.pipeline[i + 1:] if base_name(q) in MEMORY_PASSES]
         if not later:
             return keep, why
-        tail = [q for q in self.pipeline[i + 1:] if not decided(q) or q in later]
+        tail = [q for q in self.pipeline[i + 1:] if (not decided(q) or q in later) and base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
@@ -514,9 +545,9 @@ class _Planning:
     def with_enabled(self, i, enabled, good, cand, keep, why):
         """A proposal judged together with the later pass it enables (`ENABLES`)."""
         later = [k for k in range(i + 1, len(self.pipeline)) if base_name(self.pipeline[k]) == enabled]
-        if not later:
-            return keep, why
-        tail = self.pipeline[i + 1:later[0] + 1]
+        if not later or _same(self.run_passes(cand, [self.pipeline[later[0]]]), cand):
+            return keep, why          # (nothing for it to do on this proposal: nothing enabled, nothing measured)
+        tail = [q for q in self.pipeline[i + 1:later[0] + 1] if base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         faster = any(a.seconds is not None and before[a.view].seconds is not None and
@@ -535,7 +566,8 @@ FORWARD_OF_GRADIENT = Use(("gradient program",))
 
 
 def base_name_of(d: Decision) -> str:
-    return d.pass_name.split("(")[0]
+    """The pass a decision is about: "remat_loops(memory='auto')" and "fission [loop 1 of 2, ...]" -> the name."""
+    return d.pass_name.split("(")[0].split(" [")[0]
 
 
 def _same(a, b) -> bool:

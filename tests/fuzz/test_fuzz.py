@@ -30,15 +30,17 @@ from fuzz.programs import Program, edge_catalog, programs
 # 38 (was 48, then 42): the 28 fixed programs of issue 26's classes (test_edge_programs) cost about what 6 random
 # ones do (single process, 2 busy cores: 27 s of 231 s CPU), and every program now also runs the
 # `memory=0,recompute` pipeline, so the file's time stays what it was (make test under 20 minutes).
-EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "38"))
+# 24 (was 38): the planner now compiles each candidate for XLA's bytes, and CI's two fast tiers took 37 of its
+# 60 minutes; the 14 left run in the slow tier under other seeds (test_passes_on_more_random_programs).
+EXAMPLES = int(os.environ.get("JAXFORM_FUZZ_EXAMPLES", "24"))
 CHUNKS = 8
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_passes_on_random_programs(chunk):
+def test_passes_on_random_programs(chunk, first_seed=20240):
     before = STATS.copy()
 
-    @seed(20240 + chunk)
+    @seed(first_seed + chunk)
     @settings(max_examples=-(-EXAMPLES // CHUNKS), deadline=None, database=None, print_blob=False,
               phases=[Phase.generate, Phase.target, Phase.shrink], suppress_health_check=list(HealthCheck))
     @given(programs())
@@ -53,6 +55,12 @@ def test_passes_on_random_programs(chunk):
     report.record(chunk, mine, sorted(pipelines()))
     assert mine["programs"] > 0
     assert not made["grad"] or mine["has:grad_program"] > 0, "every grad program was rejected, none checked"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_passes_on_more_random_programs(chunk):
+    test_passes_on_random_programs(chunk, first_seed=20340)
 
 
 EDGE = edge_catalog()

@@ -1,0 +1,116 @@
+"""Issue 38: one owner of a byte budget on a program with loops. remat_loops gives the loops schedules and
+XLA measures the gradient (tightening them until it fits); remat_program then checkpoints segments around and
+across the loops for what is left; an unmet budget is said once, naming the gradient the user asked for."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxform
+from jaxform import _jax
+
+V, D, H, B, T = 256, 32, 64, 8, 48
+
+
+def lstm_lm(p, tokens):
+    """A one-layer LSTM language model (embedding, scan over time, projection, softmax cross-entropy),
+    after init2winit's LSTM LM (google/init2winit, init2winit/model_lib/lstm_lm.py)."""
+    x = p["emb"][tokens[:, :-1]]
+
+    def cell(carry, xt):
+        h, c = carry
+        i, f, g, o = jnp.split(xt @ p["wx"] + h @ p["wh"], 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+    _, hs = lax.scan(cell, (jnp.zeros((B, H)), jnp.zeros((B, H))), jnp.swapaxes(x, 0, 1))
+    lp = jax.nn.log_softmax(jnp.swapaxes(hs, 0, 1) @ p["out"])
+    return -jnp.mean(jnp.take_along_axis(lp, tokens[:, 1:, None], -1))
+
+
+def _params():
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    p = {"emb": jax.random.normal(k[0], (V, D)) * 0.1, "wx": jax.random.normal(k[1], (D, 4 * H)) * 0.1,
+         "wh": jax.random.normal(k[2], (H, 4 * H)) * 0.1, "out": jax.random.normal(k[3], (H, V)) * 0.1}
+    return p, jax.random.randint(k[4], (B, T + 1), 0, V)
+
+
+def temp(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def _close(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("frac", [0.5, 0.25])
+def test_lstm_lm_budget_met_in_grad_of_optimize(frac):
+    """The loops' schedules were the model's alone: at 50% the LSTM LM's gradient measured 63% of plain
+    (9.4 of 15 MiB, no warning at 25%: a budget twice as tight fitted). Now XLA measures and the schedules
+    tighten until the budget is met."""
+    p, tokens = _params()
+    plain = temp(jax.grad(lstm_lm), p, tokens)
+    budget = int(plain * frac)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        g = jax.grad(jaxform.optimize(lstm_lm, memory=budget))
+        got = temp(g, p, tokens)
+    assert got <= budget or any("cannot fit" in str(w.message) for w in said), (got, budget)
+    assert got <= budget, (got, budget, plain)
+    _close(jax.jit(g)(p, tokens), jax.grad(lstm_lm)(p, tokens))
+
+
+@pytest.mark.slow
+def test_gradient_first_order_names_the_better_one():
+    """`optimize(jax.grad(f), memory=...)`: the loops' residuals are values already; the warning says to put
+    the budget before differentiation (the order that meets it), once."""
+    p, tokens = _params()
+    plain = temp(jax.grad(lstm_lm), p, tokens)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        o = jaxform.optimize(jax.grad(lstm_lm), memory=int(plain * 0.5))
+        _close(o(p, tokens), jax.grad(lstm_lm)(p, tokens))
+    msgs = [str(w.message) for w in said if "cannot fit" in str(w.message)]
+    assert len(msgs) == 1 and "jax.grad(optimize(f, memory=...))" in msgs[0], msgs
+    assert temp(o, p, tokens) <= plain
+
+
+def rnn_then_mlp(w, ws, xs):
+    """A scan whose outputs feed a deep MLP: the loops' schedules cannot touch the MLP's activations."""
+    def cell(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h
+    _, hs = lax.scan(cell, jnp.zeros((32, 64)), xs)
+    z = hs.reshape(-1, 64)
+    for k in range(ws.shape[0]):
+        z = jnp.tanh(z @ ws[k])
+    return jnp.mean(z ** 2)
+
+
+@pytest.mark.slow
+def test_segments_around_loops_take_what_the_loops_leave():
+    r = np.random.default_rng(0)
+    args = (jnp.asarray(r.standard_normal((64, 64)) * 0.1, jnp.float32),
+            jnp.asarray(r.standard_normal((8, 64, 64)) * 0.1, jnp.float32),
+            jnp.asarray(r.standard_normal((64, 32, 64)), jnp.float32))
+    plain = temp(jax.grad(rnn_then_mlp, (0, 1)), *args)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        o = jaxform.optimize(rnn_then_mlp, memory=int(plain * 0.5))
+        g = jax.grad(o, (0, 1))
+        got = temp(g, *args)
+    _close(jax.jit(g)(*args), jax.grad(rnn_then_mlp, (0, 1))(*args))
+    assert got <= plain                                     # never bigger, on any JAX
+    msgs = [str(w.message) for w in said if "cannot fit" in str(w.message)]
+    assert len(msgs) <= 1, msgs                             # said once, not per proposal the planner judged
+    assert got <= plain * 0.5 or msgs, (got, plain)         # met, or said
+    if msgs:
+        assert "the gradient jax.grad takes here (w.r.t. the arguments" in msgs[0], msgs[0]   # the gradient the user asked for
+    if _jax.JAX_VERSION >= (0, 12):   # XLA:CPU before 0.12 frees nothing by recomputation (docs/remat.md)
+        names = [n.name for n, _ in jaxform.trace(o, *args).walk()]
+        assert sum(n in ("checkpoint", "remat2") for n in names) >= 2, names   # segments across the scan
+        assert got <= plain * 0.65, (got, plain)            # 0.59 measured (loops alone: 0.80)
