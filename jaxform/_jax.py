@@ -319,6 +319,15 @@ def trace_context() -> tuple:
     return config.trace_context()
 
 
+def is_typed_key(x) -> bool:
+    """A typed PRNG key array (`jax.random.key`), which numpy cannot hold: its bits are `key_data`."""
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def key_data(x):
+    return jax.random.key_data(x)
+
+
 def jit_disabled() -> bool:
     """Whether `jax.disable_jit()` is in force: `optimize` then runs the function as written, as jit does."""
     return bool(jax.config.jax_disable_jit)

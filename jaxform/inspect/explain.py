@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from ..ir import Graph
 from ..ir.printing import diff
-from ..passes.remat_loops import plan as loop_plan, reschedulable_why, with_memory
+from ..passes.remat_loops import check_memory, plan as loop_plan, reschedulable_why, with_memory
 from ..passes.scan_reductions import blockers
 from ..plan import UNKNOWN, plan as plan_pipeline
 from ..plan.memory import loop_schedules
@@ -136,6 +136,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     for_use: the `plan.Use` to plan for (default: forward and gradient, as `jax.jit(optimize(fn))` is planned,
         where nothing tells how the result will be used).
     """
+    if loop_memory != "default":
+        check_memory(loop_memory, where=f"jaxform.explain({program.fn_name(fn)}, loop_memory=...)")
     step = program.Progress(progress)
     with step(f"tracing {program.fn_name(fn)}"):
         closed, flat = program.trace_flat(fn, args)

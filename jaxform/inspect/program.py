@@ -39,6 +39,12 @@ def short_location(location: str) -> str:
 
 def trace_flat(fn: Callable, args: Sequence) -> tuple:
     """(ClosedJaxpr over the flattened arguments, flat argument leaves)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tuple(args))[0]:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and \
+                not isinstance(leaf, (bool, int, float, complex, np.generic)):
+            raise TypeError(f"jaxform: argument args{jax.tree_util.keystr(path)} of {fn_name(fn)} is a "
+                            f"{type(leaf).__name__}, not an array: pass arrays or jax.ShapeDtypeStructs "
+                            f"(pytrees of them), as the function will be called with")
     flat, tree = jax.tree_util.tree_flatten(tuple(args))
     closed = jax.make_jaxpr(lambda *leaves: jax.tree_util.tree_leaves(fn(*jax.tree_util.tree_unflatten(tree, leaves))))(*flat)
     return closed, flat
@@ -109,7 +115,7 @@ def concrete(flat, seed: int = 0) -> list:
     def make(x):
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
-        if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
+        if jax.numpy.issubdtype(x.dtype, np.floating) or jax.numpy.issubdtype(x.dtype, np.complexfloating):
             return jax.numpy.asarray(r.standard_normal(x.shape), x.dtype)
         return jax.numpy.zeros(x.shape, x.dtype)
     return [make(x) for x in flat]

@@ -11,6 +11,8 @@ One table here; every pass that needs linearity asks `linear_operands`.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from typing import Callable
 
 import numpy as np
@@ -41,9 +43,9 @@ def linear_operands(node: Node, const: Callable[[Value], bool]) -> list[Value] |
     if node.effects or node.regions or not dtype_preserving(node):
         return None
     d = _dtype(node.outputs[0])
-    if d == np.bool_ or not (np.issubdtype(d, np.number)):
+    if d == np.bool_ or not (jnp.issubdtype(d, np.number)):
         return None
-    if p in FLOAT_ONLY and not np.issubdtype(d, np.inexact):
+    if p in FLOAT_ONLY and not jnp.issubdtype(d, np.inexact):
         return None
     if p in ALL and not any(const(x) for x in node.inputs):
         return list(node.inputs)

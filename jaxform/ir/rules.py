@@ -45,7 +45,7 @@ def _inexact(a) -> bool:
     """A float or complex input to differentiate; PRNG key arrays (dtype key<fry>, which NumPy cannot
     interpret) and integers are not."""
     try:
-        return np.issubdtype(np.dtype(a.dtype), np.inexact)
+        return jax.numpy.issubdtype(np.dtype(a.dtype), np.inexact)
     except TypeError:
         return False
 

@@ -84,7 +84,7 @@ def static_value(v: Value, depth: int = 8):
 
 def _static_int(v: Value) -> int | None:
     x = static_value(v)
-    if x is None or x.ndim or not np.issubdtype(x.dtype, np.integer):
+    if x is None or x.ndim or not jax.numpy.issubdtype(x.dtype, np.integer):
         return None
     return int(x)
 
@@ -156,7 +156,7 @@ def _gather_pick(node: Node, a: int, steps: Steps):
             or any(p["slice_sizes"][d] != x.aval.shape[d] for d in rest)):
         raise NotSeparable("gather along the scan axis that is not one static index")
     iv = static_value(idx)
-    if iv is None or not np.issubdtype(iv.dtype, np.integer):
+    if iv is None or not jax.numpy.issubdtype(iv.dtype, np.integer):
         raise NotSeparable("gather along the scan axis at an index that is not static")
     k, n = int(iv.reshape(())), steps.count
     if n == 0:

@@ -31,6 +31,8 @@ only costs that work once. Exact: the same ops on the same values.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from ..ir import Graph, Node, ScanLoop, Value
 from ..ir.identity import is_impure
 from ..ir.sizes import nbytes
@@ -212,7 +214,7 @@ def _from_scan(graph: Graph, node: Node) -> bool:
 
 def _weak_float(v: Value) -> bool:
     import numpy as np
-    return bool(getattr(v.aval, "weak_type", False)) and np.issubdtype(v.aval.dtype, np.inexact)
+    return bool(getattr(v.aval, "weak_type", False)) and jnp.issubdtype(v.aval.dtype, np.inexact)
 
 
 def _from_while(graph: Graph, node: Node) -> bool:

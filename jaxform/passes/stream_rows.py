@@ -33,6 +33,8 @@ length-0 loops.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 import numpy as np
 
 from ..ir import Graph, Node, ScanLoop, Value
@@ -61,7 +63,7 @@ def _counters(loop: ScanLoop) -> list[tuple[Value, int]]:
     for init, inner, nxt in zip(loop.carry, loop.body_carry, loop.body_carry_out):
         start = init.literal if init.is_literal else init.const if init.is_const else None
         p = nxt.producer
-        if start is None or inner.aval.shape or not np.issubdtype(inner.aval.dtype, np.integer) or \
+        if start is None or inner.aval.shape or not jnp.issubdtype(inner.aval.dtype, np.integer) or \
                 p is None or p.name != "add" or inner not in p.inputs:
             continue
         if _lit(p.inputs[1 - p.inputs.index(inner)]) == 1:
@@ -70,7 +72,7 @@ def _counters(loop: ScanLoop) -> list[tuple[Value, int]]:
 
 
 def _lit(v: Value):
-    return int(v.literal) if v.is_literal and np.issubdtype(np.asarray(v.literal).dtype, np.integer) else None
+    return int(v.literal) if v.is_literal and jnp.issubdtype(np.asarray(v.literal).dtype, np.integer) else None
 
 
 def _affine(v: Value, counter: Value, n: int, bound: int) -> tuple[int, int] | None:
@@ -82,8 +84,8 @@ def _affine(v: Value, counter: Value, n: int, bound: int) -> tuple[int, int] | N
     if (k := _lit(v)) is not None or (v.is_literal and v.aval.dtype == np.bool_ and (k := int(v.literal)) + 1):
         return 0, k
     p = v.producer
-    if p is not None and p.name == "convert_element_type" and np.issubdtype(v.aval.dtype, np.signedinteger) and \
-            np.issubdtype(p.inputs[0].aval.dtype, np.signedinteger) and \
+    if p is not None and p.name == "convert_element_type" and jnp.issubdtype(v.aval.dtype, np.signedinteger) and \
+            jnp.issubdtype(p.inputs[0].aval.dtype, np.signedinteger) and \
             np.iinfo(v.aval.dtype).bits >= np.iinfo(p.inputs[0].aval.dtype).bits:
         return _affine(p.inputs[0], counter, n, bound)       # a widening (or same-width) signed convert
     if p is None or len(p.inputs) not in (2, 3) or p.name not in ("add", "sub", "lt", "select_n"):
@@ -167,7 +169,7 @@ def _written(body: Graph, n: Node, old: Value, rest) -> Value:
 
 def _holds(v: Value, bound: int) -> bool:
     """Is `v` a signed integer whose dtype holds +-bound (index arithmetic in it cannot wrap)?"""
-    return np.issubdtype(v.aval.dtype, np.signedinteger) and np.iinfo(v.aval.dtype).max >= bound
+    return jnp.issubdtype(v.aval.dtype, np.signedinteger) and np.iinfo(v.aval.dtype).max >= bound
 
 
 def _chain(buf: Value, counter: Value, step: set[int], bound: int):

@@ -92,9 +92,14 @@ class Budget:
 
 
 def _machine_key() -> str:
+    """The machine and every setting XLA compiles under: the backend, JAX, XLA_FLAGS, and the configuration
+    jax.jit keys its own caches on (x64, threefry_partitionable, ...: not in a program's text, yet they
+    change what it compiles to; a legacy-key RNG scan: 101648 B or 35968 B)."""
     dev = jax.devices()[0]
+    config = [r for x in _jax.trace_context() if " at 0x" not in (r := repr(x))]   # (no addresses: stable)
     return "|".join([jax.default_backend(), getattr(dev, "device_kind", ""), jax.__version__,
-                     os.environ.get("XLA_FLAGS", ""), str(jax.config.jax_enable_x64)])
+                     os.environ.get("XLA_FLAGS", ""), str(jax.config.jax_enable_x64),
+                     str(getattr(jax.config, "jax_threefry_partitionable", "")), *config])
 
 
 def program_key(closed) -> str:
@@ -102,7 +107,8 @@ def program_key(closed) -> str:
     h = hashlib.sha256()
     h.update(str(closed.jaxpr).encode())
     for c in closed.consts:
-        a = np.asarray(c)
+        a = np.asarray(_jax.key_data(c) if _jax.is_typed_key(c) else c)
+        h.update(str(getattr(c, "dtype", "")).encode())     # (a typed key: its impl, then its bits)
         h.update(f"{a.dtype}{a.shape}".encode())
         h.update(a.tobytes()[:1 << 20])
     h.update(_machine_key().encode())
@@ -195,7 +201,9 @@ def _inputs(closed, example_args):
     rng = np.random.default_rng(0)
     out = []
     for a in avals:
-        if np.issubdtype(a.dtype, np.inexact):
+        if _jax.is_typed_key(a):
+            return None, False        # (no key made up here: the model times a program taking keys)
+        if jax.numpy.issubdtype(a.dtype, np.inexact):
             out.append(np.asarray(rng.standard_normal(a.shape) * 0.5).astype(a.dtype))
         else:
             out.append(np.zeros(a.shape, a.dtype))
@@ -217,7 +225,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
     if not budget.allows():
         return None
     args, real = _inputs(before, example_args)
-    if not real and (_has_while(before) or _has_while(after)):
+    if args is None or not real and (_has_while(before) or _has_while(after)):
         return None
     try:
         with jax.ensure_compile_time_eval():    # run here, even while an enclosing jit traces the call

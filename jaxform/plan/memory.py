@@ -266,8 +266,8 @@ def first_argument_grad_temp(closed) -> int | None:
     """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
     `optimize` told the planner which inputs those are and they are not all of them; else None."""
     wrt = cost.first_argument()
-    floats = [i for i in wrt if np.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
-    if not floats or len(floats) == sum(np.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
+    floats = [i for i in wrt if jax.numpy.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
+    if not floats or len(floats) == sum(jax.numpy.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
         return None
     gp = cost.gradient_program(closed, wrt=floats)
     return None if gp is None else _xla_temp(gp)

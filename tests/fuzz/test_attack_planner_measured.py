@@ -52,13 +52,9 @@ def _rnn(xs, w):
 
 # ---- findings -----------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="a typed PRNG key (jax.random.key) closed over by a program with a loop crashes optimize "
-                          "and explain: measure.program_key calls np.asarray on the key constant (TypeError); "
-                          "JAX 0.10.2 and 0.12")
 def test_typed_key_constant_in_a_loop():
-    """Forward, jit and grad all raise `TypeError: JAX array with PRNGKey dtype cannot be converted to a
-    NumPy array` from `plan/measure.py:program_key` (JAXFORM_MEASURE=0 works). High severity: a crash on
+    """Forward, jit and grad all raised `TypeError: JAX array with PRNGKey dtype cannot be converted to a
+    NumPy array` from `plan/measure.py:program_key` (JAXFORM_MEASURE=0 worked). Fixed: a key's bits are hashed. High severity: a crash on
     an ordinary program (new-style keys are JAX's recommended API). `stream_rows` also fails on it and is
     skipped with a warning (`Cannot interpret 'key<fry>' as a data type`)."""
     key = jax.random.key(0)
@@ -156,15 +152,11 @@ def _in_cond(xs, w):
     return lax.cond(jnp.sum(xs) > 0, branch, lambda xs: jnp.sum(xs ** 2), xs)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="memory='min' under jax.jit (use unknown) leaves the forward that jit runs above "
-                          "memory=None's: 4520 vs 4456 B (a scan in a cond), 17064 vs 16936 B (two scans) on CPU, "
-                          "JAX 0.10.2 (4520 vs 4456 B on 0.12)")
 def test_memory_min_forward_under_jit_not_above_memory_none():
     """`jax.jit(optimize(f, memory="min"))(xs, w)` runs the forward program; "min" asks for the least memory
     and must not be above what memory=None gives in the view that runs. Under an unknown use remat_loops'
     checkpoints (judged on the hypothetical gradient) cost the forward 64-128 B. Low severity: both are
-    within plain jit's forward (8488 B) and the gradient shrinks 2.5x."""
+    within plain jit's forward (8488 B) and the gradient shrinks 2.5x. Fixed: a memory pass may not cost a forward view a byte over the program it got."""
     t_min = _temp(jaxform.optimize(_in_cond, memory="min"), XS, W)
     t_none = _temp(jaxform.optimize(_in_cond, memory=None), XS, W)
     assert t_min <= t_none, (t_min, t_none)
@@ -220,20 +212,11 @@ def my_loss(xs, w):
     return _rnn(xs, w)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="jaxform.explain(f, ..., loop_memory='x') fails deep in planning with \"TypeError: '<=' not "
-                          "supported between instances of 'int' and 'str'\", naming neither f nor the option "
-                          "(optimize(f, memory='x') says what is wrong); JAX 0.10.2 and 0.12")
 def test_explain_bad_loop_memory_names_the_function():
     with pytest.raises((TypeError, ValueError), match="my_loss"):
         jaxform.explain(my_loss, XS, W, loop_memory="x")
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="jaxform.explain(f, 'a', w) fails with JAX's 'Error interpreting argument to <function "
-                          "trace_flat.<locals>.<lambda>>', naming jaxform's internal lambda, not f "
-                          "(optimize(f)('a', w) "
-                          "names f and the argument); JAX 0.10.2 and 0.12")
 def test_explain_bad_argument_names_the_function():
     with pytest.raises(TypeError, match="my_loss"):
         jaxform.explain(my_loss, "a", W)
@@ -287,15 +270,11 @@ def test_cache_tells_apart_programs_printed_alike(monkeypatch, tmp_path):
         assert _temp(g_opt, xs, W) <= plain[f]
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="jax.jit(optimize(f)) forward temp above jax.jit(f)'s: 129320 vs 128360 B (+960 B, 0.75%) on "
-                          "the sin/cos scan at L=500, H=64 (CPU, JAX 0.10.2): the documented 1% 'big win' allowance "
-                          "breaks 'never worse than jax.jit' in the view jit runs (same on 0.12)")
 def test_jit_forward_never_above_plain_jit_at_all():
     """Under jit the use is unknown; fusion is kept for the forward (125 KiB -> 1.3 KiB), then fission 'faster
     for memory an earlier pass won' gives it back to 126.3 KiB, 960 B above plain, allowed because the
     hypothetical gradient wins big (512388 -> 385028 B). Low severity (by design per docs/planner.md), but the
-    promise as stated is to the byte."""
+    promise as stated is to the byte. Fixed: no big-win allowance in a view the call runs."""
     rng = np.random.default_rng(0)
     xs = jnp.asarray(rng.standard_normal((500, 64)) * 0.3, jnp.float32)
     w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
@@ -345,23 +324,19 @@ def _rng_scan(xs, key):
     return jnp.sum(jnp.sin(ys) ** 2)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="the disk cache's key (program text, consts, backend, JAX version, XLA_FLAGS, x64) misses "
-                          "jax_threefry_partitionable, which changes the lowering: a legacy-key RNG scan compiles to "
-                          "101648 B temp with it on, 35968 B off (CPU, suite flags, JAX 0.10.2 and 0.12), and the "
-                          "cache answers 101648 B for both")
 def test_cache_answer_is_the_programs_under_threefry_partitionable(monkeypatch, tmp_path):
-    """`measure.temp_bytes` of the same jaxpr asked first with partitionable threefry, then without: the
-    second answer comes from the disk cache (same `program_key`) and is the first setting's bytes. Every
+    """`measure.temp_bytes` of the program (printed alike) traced first with partitionable threefry, then
+    without: the second answer came from the disk cache (same `program_key`) and was the first setting's
+    bytes. Fixed: the key holds the configuration jax.jit keys its caches on. Every
     memory verdict of a process with the other setting (and the final 'never bigger' guard) then rests on
     another program's numbers. Medium severity (the setting differs between JAX releases' defaults)."""
     from jaxform.plan import measure
     monkeypatch.setenv("JAXFORM_TUNE_CACHE", str(tmp_path))
     xs, key = XS[:32], jax.random.PRNGKey(0)
-    closed = jax.make_jaxpr(_rng_scan)(xs, key)
     answers, actual = [], []
     for partitionable in (True, False):
         with jax.threefry_partitionable(partitionable):
+            closed = jax.make_jaxpr(_rng_scan)(xs, key)     # traced under the setting, as `optimize` does
             answers.append(measure.temp_bytes(closed, measure.Budget()))
             actual.append(_temp(_rng_scan, xs, key))
     assert actual[0] != actual[1]            # the setting matters to XLA
