@@ -290,7 +290,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                 wrt = use.steps[0][1]
                 if first is None or set(wrt) != set(first):   # argnums other than the default
                     first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
-            with _plan.cost.first_argument_is(first, asked):     # what jax.grad(f) differentiates by default
+            sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
+            starts = [sum(sizes[:k]) for k in range(len(sizes))]
+            with _plan.cost.first_argument_is(first, asked), \
+                    _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
             if entry[2]:

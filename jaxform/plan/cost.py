@@ -172,6 +172,21 @@ def asked_gradient() -> str | None:
     return _ASKED.get()
 
 
+_ARGUMENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_arguments", default=())
+
+
+@contextlib.contextmanager
+def arguments_are(inputs: tuple):
+    """`optimize` tells the planner which program inputs each positional argument is: under jit the call's
+    use is unknown, and `jax.grad(f, argnums=k)` for any k must be no bigger than plain's (the final guard)."""
+    with _setting(_ARGUMENTS, tuple(inputs)):
+        yield
+
+
+def arguments() -> tuple:
+    return _ARGUMENTS.get()
+
+
 def planning_key() -> tuple:
     """What `planning_for` and `device_memory_limit` set: part of `optimize`'s cache key."""
     return forced_machine(), _DEVICE_MEMORY.get()

@@ -182,7 +182,8 @@ def temp_bytes(closed, budget: Budget) -> int | None:
     return temp
 
 
-def _impure(closed) -> bool:
+def impure(closed) -> bool:
+    """Does running `closed` have effects (callbacks, RNG state, refs)? Then it is never run to be timed."""
     memo: dict = {}
     return bool(closed.effects) or any(is_impure(n, memo) for n, _ in Graph.from_jaxpr(closed).walk())
 
@@ -215,7 +216,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
     be timed here (no values for a while loop's trip count, tracer constants, the budget spent)."""
     if before is None or after is None or not (measurable(before) and measurable(after)):
         return None
-    if _impure(before) or _impure(after):
+    if impure(before) or impure(after):
         return None      # running it would run the user's callbacks: planning must not
     key = hashlib.sha256((program_key(before) + program_key(after)).encode()).hexdigest()
     hit = _disk(key)

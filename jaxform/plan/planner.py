@@ -44,6 +44,7 @@ from ..ir.identity import structure
 from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
+from .derivatives import with_derivatives_of
 from .use import HYPOTHETICAL_GRAD, UNKNOWN, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
@@ -60,6 +61,8 @@ ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_
 # segment checkpointing, compiled and measured per candidate): run once, last, never in the tails that
 # proposals are judged with (there they would measure programs the plan never keeps).
 LAST_WORD = frozenset({"remat_program"})
+GUARD_ARGUMENTS = 4    # under jit, the final guard checks jax.grad(f, argnums=k) for the first 4 arguments
+GUARD_RETRIES = 3      # ... and, where the plan is bigger somewhere, tries it without one kept rewrite, 3 times
 TIME_SLACK = 0.02          # a proposal may be *predicted* this much slower (the model's resolution)
 NOISE = _measure.NOISE     # ... or *measured* this much slower (the machine's)
 CONFIDENT = 2.0            # a predicted time ratio beyond this is taken from the model; inside it, measured
@@ -336,7 +339,8 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     t0 = time.perf_counter()
     if not _cost.has_loops(Graph.from_jaxpr(closed)):
         return Plan(run_passes(closed, pipeline, strict=strict, where=where), use=use)
-    if not use.known and _is_gradient(closed):
+    use_unknown, guessed = not use.known, not use.known and _is_gradient(closed)
+    if guessed:
         use = FORWARD_OF_GRADIENT     # `optimize(jax.grad(f))`: what runs is this program, not its own gradient
     # the machine is asked only where it is the one planned for (`planning_for("gpu")` on a CPU: the model)
     measuring = tune or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
@@ -345,7 +349,9 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     costs = _Costs(use, budget, example_args, measuring, tune)
     if not use.differentiated:               # nothing to remember under a forward use: no memory planning
         pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
-    out = _Planning(closed, list(pipeline), memory, strict, where, costs).run()
+    planning = _Planning(closed, list(pipeline), memory, strict, where, costs)
+    planning.use_unknown, planning.guessed = use_unknown, guessed
+    out = planning.run()
     out.use, out.budget, out.seconds = use, budget, time.perf_counter() - t0
     if out.seconds > SLOW_PLAN_SECONDS:
         log.warning("jaxform: planning %s for %s took %.1f s: %s", where or "a program", use.label, out.seconds,
@@ -357,6 +363,7 @@ class _Planning:
     def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
         self.strict, self.where = strict, where
+        self.use_unknown = self.guessed = False    # a jit trace's call (`plan` sets them)
         self.said: list = []     # the warnings of the proposals kept, said once the plan is made
         self.always = [p for p in pipeline if not decided(p)]
         self._plain = None
@@ -469,38 +476,71 @@ class _Planning:
                 skip.add(i)
                 undo_pending(i, name)
             pending.pop(name, None)
-        chosen = self.guard(good, decisions)
-        if chosen is good:
-            for w in self.said:      # what the kept proposals warned of, once (not the ones judged and dropped)
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return Plan(chosen, decisions, frozenset(skip) if chosen is good else
-                    frozenset(k for k, p in enumerate(pipeline) if decided(p)), partial=self.partial)
+        chosen, skip = self.guard(good, decisions, skip)
+        for w in self.said:      # what the kept proposals warned of, once (not the ones judged and dropped)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return Plan(chosen, decisions, frozenset(skip), partial=self.partial)
 
-    def guard(self, chosen, decisions: list):
+    def guard(self, chosen, decisions: list, skip: set):
         """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
-        (mostly answers the judging already compiled). A program bigger than as traced in any view gives
-        every loop rewrite up (the undecided passes, inline, dce, while_grad, still run)."""
+        (mostly answers the judging already compiled). A program bigger than as traced in any view is
+        replayed without its kept rewrites, the latest first (GUARD_RETRIES of them, one at a time); if none
+        of those is within, every loop rewrite is given up (the undecided passes, inline, dce, while_grad,
+        still run). Returns the program and the pipeline indices it skips."""
         if chosen is self.closed or not decisions or not self.costs.measuring:
-            return chosen
+            return chosen, skip
+        over = self.bigger(chosen)
+        if self.use_unknown and (over is None and self.guessed or over is not None and
+                                 self.bigger(chosen, derivatives=False) is None) and not _measure.impure(chosen):
+            # a jit trace: the forward as planned, every derivative as traced (`plan.derivatives`): never bigger
+            # than jax.jit's in any argnums, however the plan changed them (for a program taken for a gradient,
+            # whose own derivatives nobody judged, always)
+            wrapped = with_derivatives_of(chosen, self.closed)
+            if self.bigger(wrapped) is None:
+                decisions.append(Decision("planner", True, self.plain, self.plain, (
+                    f"the forward as planned, its derivatives as traced (with the plan's own: {over})" if over else
+                    "the forward as planned, its derivatives as traced (a program taken for a gradient: its own "
+                    "derivatives are not judged)")))
+                return wrapped, skip
+        if over is None:
+            return chosen, skip
+        kept = [k for k, p in enumerate(self.pipeline) if decided(p) and k not in skip]
+        for k in kept[::-1][:GUARD_RETRIES]:
+            alt, said = self.propose(self.closed, [p for j, p in enumerate(self.pipeline) if j not in skip | {k}])
+            if not _same(alt, self.closed) and self.bigger(alt) is None:
+                decisions.append(Decision(getattr(self.pipeline[k], "pass_name", ""), False, self.plain, self.plain,
+                                          f"undone by the final guard: XLA measured {over} with it"))
+                self.said, self.partial = list(said), False
+                return alt, skip | {k}
+        decisions.append(Decision("planner", False, self.plain, self.plain,
+                                  f"XLA measured {over}: no loop rewrite is kept"))
+        self.said = []
+        return run_passes(self.closed, self.always, strict=self.strict, where=self.where), \
+            {k for k, p in enumerate(self.pipeline) if decided(p)}
+
+    def bigger(self, chosen, derivatives: bool = True) -> str | None:
+        """Where `chosen` is bigger than the traced program in XLA's bytes (in words), or None; with
+        derivatives=False, in the views that run it forward only."""
         budget = _measure.Budget(math.inf)
         budget._memo = self.costs.budget._memo
-        views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) for v in self.costs.use.views()]
+        views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) for v in self.costs.use.views()
+                 if derivatives or not self.costs.use.differentiates(v)]
         first = _cost.first_argument()
-        if not self.costs.use.known and first is not None:   # and what jax.grad(f) takes by default
-            views.append((HYPOTHETICAL_GRAD + " w.r.t. the first argument", gradient_program(self.closed, set(first)),
-                          gradient_program(chosen, set(first))))
-        measured = [(view, _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)) for view, a, b in views]
-        for view, plain, opt in measured:
+        if not self.costs.use.known and derivatives:   # and jax.grad(f, argnums=k), each k (the first: by default)
+            wrts = [("the first argument", first)] if first is not None else []
+            wrts += [(f"argument {k}", set(r)) for k, r in enumerate(_cost.arguments()[:GUARD_ARGUMENTS])
+                     if first is None or set(r) != set(first)]
+            views += [(HYPOTHETICAL_GRAD + f" w.r.t. {what}", gradient_program(self.closed, set(wrt), True),
+                       gradient_program(chosen, set(wrt), True)) for what, wrt in wrts]
+        for view, a, b in views:
+            plain, opt = _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)
             if plain is None or opt is None:
                 continue
-            # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance, in every view the call
-            # runs (a gradient a jit trace only may run: the model's 1%, `use.HYPOTHETICAL_GRAD`)
-            if opt > plain * (1 + (MEMORY_REL if view.startswith(HYPOTHETICAL_GRAD) else 0)):
-                decisions.append(Decision("planner", False, self.plain, self.plain,
-                                          f"XLA measured {view} temp {opt} B > {plain} B as traced: "
-                                          f"no loop rewrite is kept"))
-                return run_passes(self.closed, self.always, strict=self.strict, where=self.where)
-        return chosen
+            # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance, in every view (a gradient
+            # only a jit trace may run too: where it is bigger, the derivatives as traced keep the forward's wins)
+            if opt > plain:
+                return f"{view} temp {opt} B > {plain} B as traced"
+        return None
 
     def loop_by_loop(self, i, p, name, good, decisions: list):
         """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits.

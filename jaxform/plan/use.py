@@ -9,6 +9,7 @@ rewrite must be no worse in both (what `jax.jit` of either would run).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -62,7 +63,7 @@ class Use:
         if view == "forward":
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
-            return gradient_program(closed)
+            return gradient_program(closed, through_jit=True)    # (a jit trace's gradient: jax.grad(jax.jit(f)))
         for s in self.steps:
             if closed is None or not isinstance(s, tuple):
                 continue
@@ -108,9 +109,11 @@ def use_of(leaves) -> Use:
     return Use(tuple(steps))
 
 
-def gradient_program(closed, wrt=None):
+def gradient_program(closed, wrt=None, through_jit: bool = False):
     """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
-    every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot."""
+    every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot.
+    through_jit: as `jax.grad(jax.jit(f))` runs it, the program behind a jit boundary (JAX's partial
+    evaluation of the call then decides the residuals: 16816 B where the inlined VJP takes 16744 B)."""
     floats = [i for i, a in enumerate(closed.in_avals) if jnp.issubdtype(a.dtype, jnp.inexact)
               and (wrt is None or i in wrt)]
     outs = [i for i, a in enumerate(closed.out_avals) if jnp.issubdtype(a.dtype, jnp.floating)]
@@ -122,7 +125,8 @@ def gradient_program(closed, wrt=None):
             full = list(args)
             for i, v in zip(floats, fl):
                 full[i] = v
-            res = _jax.eval_jaxpr(closed, *full)
+            res = (jax.jit(functools.partial(_jax.eval_jaxpr, closed)) if through_jit else
+                   functools.partial(_jax.eval_jaxpr, closed))(*full)
             return [res[i] for i in outs]
         ys, pull = jax.vjp(f, *[args[i] for i in floats])
         return pull([jnp.ones_like(y) for y in ys])
