@@ -225,10 +225,12 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
     if not grads:
         return False, "the function is used forward only: nothing to remember"
     for a in after.views:      # the views that run forward (jit's): checkpoints change only what AD stores, so
-        b = before[a.view]     # they may not cost them a byte, whatever the setting (no win given back)
+        b = before[a.view]     # under "auto" they may not cost them a byte (no win given back); "min" and
+        # budgets trade forward bytes for gradient memory as asked, within the traced program's
+        ref = b.temp_bytes if memory == "auto" else max(b.temp_bytes, plain[a.view].temp_bytes)
         exact = a.memory_from == b.memory_from == "XLA"
-        if not use.differentiates(a.view) and a.temp_bytes > b.temp_bytes * (1 + (0 if exact else MEMORY_REL)):
-            return False, f"more {a.view} temp memory ({_kib(b.temp_bytes)} -> {_kib(a.temp_bytes)})"
+        if not use.differentiates(a.view) and a.temp_bytes > ref * (1 + (0 if exact else MEMORY_REL)):
+            return False, f"more {a.view} temp memory ({_kib(ref)} -> {_kib(a.temp_bytes)})"
     a = grads[0]
     p, b = plain[a.view], before[a.view]
     if isinstance(memory, (int, float)) and not isinstance(memory, bool) and a.temp_bytes <= memory:
@@ -490,8 +492,8 @@ class _Planning:
         if chosen is self.closed or not decisions or not self.costs.measuring:
             return chosen, skip
         over = self.bigger(chosen)
-        if self.use_unknown and (over is None and self.guessed or over is not None and
-                                 self.bigger(chosen, derivatives=False) is None) and not _measure.impure(chosen):
+        if self.use_unknown and self.memory in (None, "auto") and not _measure.impure(chosen) and \
+                (over is None and self.guessed or over is not None and self.bigger(chosen, derivatives=False) is None):
             # a jit trace: the forward as planned, every derivative as traced (`plan.derivatives`): never bigger
             # than jax.jit's in any argnums, however the plan changed them (for a program taken for a gradient,
             # whose own derivatives nobody judged, always)
@@ -523,13 +525,15 @@ class _Planning:
         derivatives=False, in the views that run it forward only."""
         budget = _measure.Budget(math.inf)
         budget._memo = self.costs.budget._memo
-        views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) for v in self.costs.use.views()
-                 if derivatives or not self.costs.use.differentiates(v)]
+        views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) if v != HYPOTHETICAL_GRAD else
+                 (v, gradient_program(self.closed, through_jit=True), gradient_program(chosen, through_jit=True))
+                 for v in self.costs.use.views() if derivatives or not self.costs.use.differentiates(v)]
         first = _cost.first_argument()
+        strict = self.memory in (None, "auto")     # "min" and budgets ask for memory first: as before
         if not self.costs.use.known and derivatives:   # and jax.grad(f, argnums=k), each k (the first: by default)
             wrts = [("the first argument", first)] if first is not None else []
             wrts += [(f"argument {k}", set(r)) for k, r in enumerate(_cost.arguments()[:GUARD_ARGUMENTS])
-                     if first is None or set(r) != set(first)]
+                     if strict and (first is None or set(r) != set(first))]
             views += [(HYPOTHETICAL_GRAD + f" w.r.t. {what}", gradient_program(self.closed, set(wrt), True),
                        gradient_program(chosen, set(wrt), True)) for what, wrt in wrts]
         for view, a, b in views:
@@ -538,7 +542,7 @@ class _Planning:
                 continue
             # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance, in every view (a gradient
             # only a jit trace may run too: where it is bigger, the derivatives as traced keep the forward's wins)
-            if opt > plain:
+            if opt > plain * (1 + (0 if strict or not view.startswith(HYPOTHETICAL_GRAD) else MEMORY_REL)):
                 return f"{view} temp {opt} B > {plain} B as traced"
         return None
 

@@ -63,7 +63,7 @@ class Use:
         if view == "forward":
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
-            return gradient_program(closed, through_jit=True)    # (a jit trace's gradient: jax.grad(jax.jit(f)))
+            return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
         for s in self.steps:
             if closed is None or not isinstance(s, tuple):
                 continue

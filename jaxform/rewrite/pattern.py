@@ -266,7 +266,7 @@ def _eq(a, b) -> bool:
 
 def _dtype_ok(dtype, allowed: tuple) -> bool:
     import jax.numpy as jnp
-    return any(jjnp.issubdtype(dtype, d) for d in allowed)
+    return any(jnp.issubdtype(dtype, d) for d in allowed)
 
 
 def _shape_ok(shape, want) -> bool:
