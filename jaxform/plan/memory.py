@@ -104,9 +104,8 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
         if warn:
             loop_budget_check(graph, memory, plans)
         return graph
-    measure = lambda c: first_argument_grad_temp(c) or xla_grad_temp(c)   # noqa: E731
     try:
-        plain = measure(closed)
+        plain = user_grad_temp(closed)
     except Exception:   # noqa: BLE001 - a proposal that does not compile alone (the planner's per-loop views)
         plain = None
     if plain is None:          # nothing XLA can differentiate here: the model's schedules
@@ -122,7 +121,7 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
         if key in seen:
             break
         seen.add(key)
-        got = measure(g.to_jaxpr())
+        got = user_grad_temp(g.to_jaxpr())
         if got is not None and got < best[1]:
             best = (g, got, plans)
         if got is None or got <= memory:
@@ -142,8 +141,7 @@ def loop_budget_check(graph: Graph, memory, plans: list) -> None:
         if is_gradient(closed):
             got, subject = _xla_temp(closed), "this gradient program's own memory"
         else:
-            got, subject = first_argument_grad_temp(closed), _subject()
-            got = xla_grad_temp(closed) if got is None else got
+            got, subject = user_grad_temp(closed), _subject()
     except Exception:   # noqa: BLE001 - a proposal that does not compile alone (the planner's per-loop views)
         return
     if got is not None and got > memory:
@@ -260,6 +258,12 @@ def _subject() -> str:
     wrt = cost.first_argument()
     return cost.asked_gradient() or ("the gradient of its first argument (what jax.grad takes by default)" if wrt
                                      else "this program's gradient (w.r.t. every float input)")
+
+
+def user_grad_temp(closed) -> int | None:
+    """XLA temp of the gradient the user will run: `jax.grad`'s default where known, else every float input's."""
+    got = first_argument_grad_temp(closed)
+    return xla_grad_temp(closed) if got is None else got
 
 
 def first_argument_grad_temp(closed) -> int | None:

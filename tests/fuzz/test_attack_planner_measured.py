@@ -168,17 +168,8 @@ def _hoist(xs, w):
 
 
 def _best_of(fns, args, reps=30):
-    import time
-    fns = [jax.jit(f) for f in fns]
-    for f in fns:
-        jax.block_until_ready(f(*args))
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, f in enumerate(fns):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            best[i] = min(best[i], time.perf_counter() - t)
-    return best
+    from jaxform.inspect.program import min_time
+    return min_time([jax.jit(f) for f in fns], args, reps)
 
 
 @pytest.mark.skipif(not os.environ.get("JAXFORM_ATTACK_TIMING"),
