@@ -483,103 +483,138 @@ def transpose_error_primitive():
     return p
 
 
-# ---- a linear function with its own transpose, under vmap ---------------------------------------------------
-# `jax.custom_derivatives.linear_call(f, f_transpose, residuals, linear)` is JAX's public way to give a linear
-# map its own transpose (revolve's forward mode: the tangent is the plain scan's JVP, its transpose the binomial
-# schedule). JAX registers jvp, transpose and lowering rules for it but no batching rule (0.10-0.12), so vmap of
-# anything holding one fails. The rule below applies to jaxform's own linear_calls only (their callee's name
-# starts with JAXFORM_LINEAR_CALLS); a user's raises JAX's own NotImplementedError, word for word, so code that
-# never called jaxform behaves as in plain JAX before and after a revolve is traced. It batches both functions alike: residuals keep their batch axes, the
-# linear operands are batched at 0 (so the transpose's cotangents line up), outputs at 0.
+# ---- a linear map with its own transpose: jaxform's own primitive ---------------------------------------------
+# `jax.custom_derivatives.linear_call(f, f_transpose, residuals, linear)` is JAX's public way to give a linear map
+# its own transpose (revolve's forward mode: the tangent is the plain scan's JVP, its transpose the binomial
+# schedule). JAX has no batching rule for it (0.10-0.12), and its jvp rule asserts that residuals have no tangent
+# (forward over reverse gives them one). jaxform does not patch JAX's primitive: what a user's own `linear_call`
+# does must not depend on whether jaxform ran earlier in the process (issue 40, finding 3). `linear_map` binds a
+# primitive of jaxform's own, `jaxform_linear_call`, with the rules it needs; nothing is registered for JAX's.
 
 def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
     """`closed` under vmap of `size` with `in_axes` (0 or None each), all outputs at 0."""
     specs = [jax.ShapeDtypeStruct(a.shape if ax is None else (size, *a.shape), a.dtype)
              for a, ax in zip(closed.in_avals, in_axes)]
-    def f(*a):
-        return _core.eval_jaxpr(closed.jaxpr, closed.consts, *a)
-    # keep the callee's name: `_is_jaxform_linear_call` reads it (hessian = jacfwd of jacrev: jvp of a batched one)
-    f.__name__ = getattr(getattr(closed.jaxpr, "debug_info", None), "func_name", None) or "f"
-    return jax.make_jaxpr(jax.vmap(f, in_axes=tuple(in_axes), out_axes=0, axis_size=size))(*specs)
+    return jax.make_jaxpr(jax.vmap(lambda *a: _core.eval_jaxpr(closed.jaxpr, closed.consts, *a),
+                                   in_axes=tuple(in_axes), out_axes=0, axis_size=size))(*specs)
 
 
-def _linear_call_batch(args, dims, *, callee, transpose_thunk, num_callee_consts, num_res):
-    from jax._src.interpreters import batching
-    if not _is_jaxform_linear_call(callee):
-        # a user's own linear_call: exactly what this JAX says without jaxform's rule (issue 40, finding 3)
-        raise NotImplementedError(f"Batching rule for '{linear_call_p()}' not implemented")
+def _hoisted(fn, specs) -> tuple[ClosedJaxpr, list, Any]:
+    """`fn`'s jaxpr, flat, with its constants made leading inputs (they may be tracers of an outer trace),
+    the constants, and the tree of `fn`'s output."""
+    tree = []
+
+    def flat(*a):
+        leaves, t = jax.tree_util.tree_flatten(fn(*a))
+        tree.append(t)
+        return leaves
+    closed = jax.make_jaxpr(flat)(*specs)
+    return jex.ClosedJaxpr(_pe.convert_constvars_jaxpr(closed.jaxpr), ()), list(closed.consts), tree[-1]
+
+
+def _linear_map_impl(*args, callee, transpose_thunk, num_consts, num_res):
+    return _core.eval_jaxpr(callee.jaxpr, (), *args)
+
+
+def _linear_map_jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res):
+    """Tangents of the linear operands: the same map. Tangents of consts/residuals too (forward over reverse,
+    a Hessian-vector product through revolve's transposed schedule): the callee differentiated as the plain
+    function it is, w.r.t. what has a tangent (forward mode is never transposed, so its own transpose is moot)."""
+    from jax.interpreters import ad
+    n = num_consts + num_res
+    p = linear_map_primitive()
+    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res)
+    nonzero = [type(t) is not ad.Zero for t in tangents]
+    out = p.bind(*primals, **params)
+    if not any(nonzero[:n]):
+        t_out = p.bind(*primals[:n], *[ad.instantiate_zeros(t) for t in tangents[n:]], **params)
+        return out, t_out
+
+    def of_nonzero(*d):
+        it = iter(d)
+        return _core.eval_jaxpr(callee.jaxpr, (), *[next(it) if z else x for x, z in zip(primals, nonzero)])
+    _, t_out = jax.jvp(of_nonzero, tuple(x for x, z in zip(primals, nonzero) if z),
+                       tuple(t for t, z in zip(tangents, nonzero) if z))
+    return out, list(t_out)
+
+
+def _linear_map_transpose(cts, *args, callee, transpose_thunk, num_consts, num_res):
+    """Run the given transpose on the cotangents; its own transpose is the callee (`linear_map` twice)."""
+    from jax.interpreters import ad
+    transpose, t_consts = transpose_thunk()
+    consts, res, lin = args[:num_consts], args[num_consts:num_consts + num_res], args[num_consts + num_res:]
+    cts_avals = transpose.in_avals[len(t_consts) + num_res:]
+    cts = [jax.numpy.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct for ct, a in zip(cts, cts_avals)]
+    out = linear_map_primitive().bind(*t_consts, *res, *cts, callee=transpose,
+                                      transpose_thunk=lambda: (callee, list(consts)),
+                                      num_consts=len(t_consts), num_res=num_res)
+    # a linear operand that is not an undefined primal (known zeros, say) gets no cotangent
+    return [None] * (num_consts + num_res) + [c if ad.is_undefined_primal(x) else None for c, x in zip(out, lin)]
+
+
+def _linear_map_batch(args, dims, *, callee, transpose_thunk, num_consts, num_res):
+    """Both functions batched alike: consts and residuals keep their batch axes (moved to 0), the linear
+    operands are batched at 0 (so the transpose's cotangents line up), outputs at 0."""
+    from jax.interpreters import batching
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    nfix = num_callee_consts + num_res
+    nfix = num_consts + num_res
     fixed = [a if d is None else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args[:nfix], dims[:nfix])]
     fixed_axes = [None if d is None else 0 for d in dims[:nfix]]
     lin = [batching.bdim_at_front(a, d, size) for a, d in zip(args[nfix:], dims[nfix:])]
     b_callee = _vmap_closed(callee, fixed_axes + [0] * len(lin), size)
-    res_axes = fixed_axes[num_callee_consts:]
+    res_axes = fixed_axes[num_consts:]
 
+    @functools.cache
     def b_transpose_thunk():
         t, t_consts = transpose_thunk()
         n_cts = len(t.in_avals) - len(t_consts) - num_res
         return _vmap_closed(t, [None] * len(t_consts) + res_axes + [0] * n_cts, size), t_consts
 
-    out = linear_call_p().bind(*fixed, *lin, callee=b_callee, transpose_thunk=b_transpose_thunk,
-                               num_callee_consts=num_callee_consts, num_res=num_res)
+    out = linear_map_primitive().bind(*fixed, *lin, callee=b_callee, transpose_thunk=b_transpose_thunk,
+                                      num_consts=num_consts, num_res=num_res)
     return out, [0] * len(out)
 
 
-def linear_call_p():
-    from jax._src import custom_derivatives
-    return custom_derivatives.linear_call_p
+@functools.cache
+def linear_map_primitive() -> Primitive:
+    """`jaxform_linear_call`: JAX's `linear_call` as a primitive of jaxform's own, with a batching rule and a
+    jvp rule for tangents of the residuals. Made once; JAX's own primitives are left as they are."""
+    from jax.interpreters import ad, batching, mlir
+    p = jex.Primitive("jaxform_linear_call")
+    p.multiple_results = True
+    p.def_impl(_linear_map_impl)
+    p.def_abstract_eval(lambda *args, callee, **_: callee.out_avals)
+    ad.primitive_jvps[p] = _linear_map_jvp
+    ad.primitive_transposes[p] = _linear_map_transpose
+    batching.primitive_batchers[p] = _linear_map_batch
+    mlir.register_lowering(p, mlir.lower_fun(_linear_map_impl, multiple_results=True))
+    return p
 
 
-JAXFORM_LINEAR_CALLS = "_jaxform_revolve_"   # the names of the functions jaxform gives `linear_call`
+def linear_map(fun, fun_transpose, residual_args, linear_args):
+    """`jax.custom_derivatives.linear_call(fun, fun_transpose, residual_args, linear_args)` (same contract:
+    `fun(res, lin)` linear in `lin`, `fun_transpose(res, ct)` its transpose) on jaxform's own primitive,
+    which also batches and takes forward mode over its transpose."""
+    res, res_tree = jax.tree_util.tree_flatten(residual_args)
+    lin, lin_tree = jax.tree_util.tree_flatten(linear_args)
+    nr = len(res)
+    specs = [spec_of(get_aval(x)) for x in (*res, *lin)]
+    callee, consts, out_tree = _hoisted(lambda *a: fun(jax.tree_util.tree_unflatten(res_tree, a[:nr]),
+                                                       jax.tree_util.tree_unflatten(lin_tree, a[nr:])), specs)
+    out_specs = [spec_of(a) for a in callee.out_avals]
 
+    @functools.cache
+    def transpose_thunk():
+        t, t_consts, tree = _hoisted(lambda *a: fun_transpose(jax.tree_util.tree_unflatten(res_tree, a[:nr]),
+                                                              jax.tree_util.tree_unflatten(out_tree, list(a[nr:]))),
+                                     specs[:nr] + out_specs)
+        if tree != lin_tree:
+            raise TypeError(f"jaxform: a linear map's transpose returned {tree}; its linear inputs are {lin_tree}")
+        return t, t_consts
 
-def _is_jaxform_linear_call(callee) -> bool:
-    name = getattr(getattr(callee.jaxpr, "debug_info", None), "func_name", "") or ""
-    return name.startswith(JAXFORM_LINEAR_CALLS)
-
-
-def _nonzero(t) -> bool:
-    """A tangent that is not JAX's symbolic zero (`ad.Zero`)."""
-    return type(t).__name__ != "Zero"
-
-
-def _linear_call_jvp(jax_rule):
-    """JAX's rule asserts that the residuals have no tangent; forward mode over a transposed linear_call
-    (`jax.jvp(jax.grad(f))`, a Hessian-vector product) gives them one. For jaxform's own linear_calls (revolve:
-    the callee is a true linear map, its transpose the exact one) the map is then differentiated as the plain
-    function it is, w.r.t. the operands that have a tangent (forward mode is not transposed). A user's
-    linear_call keeps JAX's rule: its transpose may not be the callee's, and JAX refusing is the answer."""
-    def rule(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
-        n = num_callee_consts + num_res
-        if not any(map(_nonzero, tangents[:n])) or not _is_jaxform_linear_call(callee):
-            return jax_rule(primals, tangents, callee=callee, transpose_thunk=transpose_thunk,
-                            num_callee_consts=num_callee_consts, num_res=num_res)
-        nz = list(map(_nonzero, tangents))
-
-        def of_nonzero(*d):
-            it = iter(d)
-            return _core.eval_jaxpr(callee.jaxpr, callee.consts, *[next(it) if z else p for p, z in zip(primals, nz)])
-        out, t_out = jax.jvp(of_nonzero, tuple(p for p, z in zip(primals, nz) if z),
-                             tuple(t for t, z in zip(tangents, nz) if z))
-        return list(out), list(t_out)
-    rule.jaxform = True
-    return rule
-
-
-def install_linear_call_batching() -> bool:
-    """Register `_linear_call_batch` and `_linear_call_jvp` once (unless this JAX has a batching rule of its
-    own); False where the internals differ (revolve then keeps its reverse-only rule)."""
-    try:
-        from jax._src.interpreters import ad, batching
-        p = linear_call_p()
-        if p not in batching.fancy_primitive_batchers:
-            batching.primitive_batchers[p] = _linear_call_batch
-        if not getattr(ad.primitive_jvps[p], "jaxform", False):
-            ad.primitive_jvps[p] = _linear_call_jvp(ad.primitive_jvps[p])
-        return True
-    except Exception:  # noqa: BLE001 - another JAX layout: revolve then keeps its reverse-only rule
-        return False
+    out = linear_map_primitive().bind(*consts, *res, *lin, callee=callee, transpose_thunk=transpose_thunk,
+                                      num_consts=len(consts), num_res=nr)
+    return jax.tree_util.tree_unflatten(out_tree, out)
 
 
 # ---- how a function is being traced (the use `optimize` plans for) ------------------------------

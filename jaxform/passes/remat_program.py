@@ -62,11 +62,11 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
     if loops and (schedule is not None or isinstance(memory, str)):
         return graph           # "min": remat_loops plans the loops; the straight-line parts stay
     if loops and is_gradient(graph.to_jaxpr()):
-        decider("loop_budget_check")(graph, memory, [])   # its loops' residuals are values now: said, not fitted
+        decider("loop_budget_check")(graph, memory, None)   # its loops' residuals are values now: said, not fitted
         return graph
     if not _eligible(graph):
         if loops:              # a budget remat_loops left over (it does not warn in `optimize`): said here
-            decider("loop_budget_check")(graph, memory, [])
+            decider("loop_budget_check")(graph, memory, None)
         return graph
     closed = graph.to_jaxpr()
     if schedule is not None:

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import linear_call
 
 from .. import _jax
 
@@ -83,20 +82,17 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
 
     step(consts, carry, x) -> (carry, y); all leaves of consts/carry/xs/ys inexact.
 
-    A `custom_jvp` whose tangent is a linear map with its own transpose (`linear_call`): forward
+    A `custom_jvp` whose tangent is a linear map with its own transpose (`_jax.linear_map`): forward
     mode runs the plain scan's JVP (so `jax.jvp`/`jacfwd` work as on the original loop), reverse mode
     transposes that map with the binomial schedule, its only residuals the loop's inputs. (A
     `custom_vjp` would give reverse mode alone: JAX cannot run forward mode through one.) Which inputs
     are differentiated is read from the tangents' symbolic zeros by each trace of the rule: a rule is a
     pure function of its arguments, nothing one trace writes is read by another (JAX caches traces).
-    Where this JAX lacks what `linear_call` needs under vmap, the reverse-only `custom_vjp` stands.
     """
     rows = schedule(length, slots)
     packed = rows[:, 0] | (rows[:, 1] << 2)   # one int32 a row: op in 2 bits, arg above (numpy: no tracer)
     plain = lambda k, c, x: lax.scan(functools.partial(step, k), c, x, length=length)   # noqa: E731
     reverse = functools.partial(_revolve_vjp, step, length, slots, packed)
-    if not _jax.install_linear_call_batching():
-        return _reverse_only(plain, reverse)(consts, carry, xs)
 
     @jax.custom_jvp
     def run(consts, carry, xs):
@@ -110,7 +106,7 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
         n_k, n_c = (len(jax.tree_util.tree_leaves(primals[i])) for i in (0, 1))
         wanted_xs = which[n_k + n_c:]
 
-        def _jaxform_revolve_tangent(res, lin):
+        def scan_tangent(res, lin):
             # the plain scan's JVP, linear in `lin`, taken w.r.t. the differentiated inputs only: a zero tangent
             # made an array would meet an infinite partial derivative (0 * inf = NaN where JAX gives a number)
             flat_res = jax.tree_util.tree_leaves(res)
@@ -121,7 +117,7 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
                                                                     for p, w in zip(flat_res, which)]))
             return jax.jvp(of_differentiated, tuple(p for p, w in zip(flat_res, which) if w), tuple(lin))[1]
 
-        def _jaxform_revolve_transpose(res, ct):   # the binomial schedule, recomputing from the inputs
+        def binomial_transpose(res, ct):   # the binomial schedule, recomputing from the inputs
             ct_k, ct_c, ct_xs = reverse(*res, wanted_xs, ct)
             flat_ct = jax.tree_util.tree_leaves((ct_k, ct_c)) + [c for c in jax.tree_util.tree_leaves(ct_xs)]
             it = iter(flat_ct[n_k + n_c:])
@@ -131,7 +127,7 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
 
         out = plain(*primals)
         lin = [t for t, w in zip(flat_t, which) if w]
-        return out, linear_call(_jaxform_revolve_tangent, _jaxform_revolve_transpose, primals, lin)
+        return out, _jax.linear_map(scan_tangent, binomial_transpose, primals, lin)
 
     run.defjvp(run_jvp, symbolic_zeros=True)
     return run(consts, carry, xs)
@@ -139,28 +135,6 @@ def scan_revolve(step, consts, carry, xs, length: int, slots: int):
 
 def _is_symbolic_zero(t) -> bool:
     return type(t).__name__ == "SymbolicZero"
-
-
-def _reverse_only(plain, reverse):
-    """The loop as a `custom_vjp` (no forward mode): where `linear_call` cannot be batched on this JAX."""
-    @jax.custom_vjp
-    def run(consts, carry, xs):
-        return plain(consts, carry, xs)
-
-    def fwd(consts, carry, xs):
-        value = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
-        # Which xs are differentiated reaches bwd in the residuals, as the length (1 or 0) of an empty marker
-        # each: a flag kept on the Python side by one fwd trace was read by another's bwd (JAX memoizes fwd).
-        wanted = [jnp.zeros((1 if p.perturbed else 0,), jnp.int8) for p in jax.tree_util.tree_leaves(xs)]
-        consts, carry, xs = value(consts), value(carry), value(xs)
-        return plain(consts, carry, xs), (consts, carry, xs, wanted)
-
-    def bwd(res, ct):
-        consts, carry0, xs, wanted = res
-        return reverse(consts, carry0, xs, [w.shape[0] == 1 for w in wanted], ct)
-
-    run.defvjp(fwd, bwd, symbolic_zeros=True)
-    return run
 
 
 def _revolve_vjp(step, length: int, slots: int, packed, consts, carry0, xs, wanted: list, ct):

@@ -22,7 +22,7 @@ instead whose transpose raises an error naming the function and what to do;
 forward mode (`jax.jvp`, `jacfwd`) keeps working on it as before.
 
 Forward mode is exact at any trip count: the tangents past the bound are the `while`'s own
-(a `linear_call` whose transpose is zero, so reverse mode never transposes the `while`).
+(a linear map, `_jax.linear_map`, whose transpose is zero, so reverse mode never transposes the `while`).
 
 Costs: under `grad` the forward pass runs both the `while` and the bounded scan, whose
 step is a `select` (the body runs on all N steps; XLA allocates for N steps anyway:
@@ -41,7 +41,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import linear_call
 
 from .. import _jax
 from ..ir import Graph, Node
@@ -238,13 +237,13 @@ def _no_bound_message(where: str) -> str:
 
 def _exact_tangents(cond_j, body_j, nc, nb, primals, tangents, floats):
     """The float carries' tangents of the `while` itself, as a linear map whose transpose is zero (a
-    `linear_call`): forward mode gets them exactly at any trip count; reverse mode never transposes the
+    `_jax.linear_map`): forward mode gets them exactly at any trip count; reverse mode never transposes the
     `while` (JAX cannot), it takes the bounded form's cotangents instead."""
     inexact = [i for i, p in enumerate(primals) if _inexact(_jax.get_aval(p))]
-    if not _jax.install_linear_call_batching() or not inexact:
+    if not inexact:
         return [jnp.zeros_like(primals[nc + nb + i]) for i in floats]   # never selected where not running
 
-    def _jaxform_revolve_while_tangent(res, lin):
+    def while_tangent(res, lin):
         def of(*d):
             ops = list(res)
             for i, x in zip(inexact, d):
@@ -253,15 +252,12 @@ def _exact_tangents(cond_j, body_j, nc, nb, primals, tangents, floats):
         t = jax.jvp(of, tuple(res[i] for i in inexact), tuple(lin))[1]
         return [t[i] for i in floats]
 
-    def _jaxform_revolve_while_zero_transpose(res, ct):
+    def zero_transpose(res, ct):
         return [jnp.zeros_like(res[i]) for i in inexact]
 
-    # JAX transposes a linear_call only if every linear operand is linear; a tangent instantiated as known zeros
-    # is not. Each operand gets `+ where(False, s, 0)` with s the sum of all tangents: linear when any tangent is
-    # (and nothing is transposed when none is), and exactly +0 in value (a select, not 0 * s: s may be inf)
-    total = sum(jnp.sum(jnp.real(tangents[i])).astype(jnp.float32) for i in inexact)
-    lin = [tangents[i] + jnp.where(False, total, 0.0).astype(jnp.real(tangents[i]).dtype) for i in inexact]
-    return linear_call(_jaxform_revolve_while_tangent, _jaxform_revolve_while_zero_transpose, list(primals), lin)
+    # an operand that is no tangent of the trace (zeros JAX instantiated) is a constant: it gets no cotangent
+    lin = [tangents[i] for i in inexact]
+    return _jax.linear_map(while_tangent, zero_transpose, list(primals), lin)
 
 
 def bounded_while(cond_j, body_j, nc, nb, steps, memory, specs, where: str = ""):

@@ -133,7 +133,7 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
     return g
 
 
-def loop_budget_check(graph: Graph, memory, plans: list) -> None:
+def loop_budget_check(graph: Graph, memory, plans: list | None) -> None:
     """A byte budget on a program with loops whose loops are scheduled: XLA measures the gradient the user
     will run (a program that is itself a gradient: its own temp) and a budget it does not meet is said."""
     try:
@@ -148,16 +148,19 @@ def loop_budget_check(graph: Graph, memory, plans: list) -> None:
         _loops_over(memory, got, subject, plans, gradient=is_gradient(closed))
 
 
-def _loops_over(memory, got, subject: str, plans: list, gradient: bool) -> None:
-    scheds = ", ".join(f"{p.schedule}" + (f" ({p.slots} slots)" if p.schedule == "revolve" else "") +
-                       f" for {p.length} steps" for p in plans) or "none (no loop here can be rescheduled)"
-    stored = sum(p.predicted_bytes() for p in plans)
+def _loops_over(memory, got, subject: str, plans: list | None, gradient: bool) -> None:
+    """plans None: the loops' schedules were given before (remat_program sees the loops remat_loops left)."""
+    scheds = "as remat_loops gave them" if plans is None else ", ".join(
+        f"{p.schedule}" + (f" ({p.slots} slots)" if p.schedule == "revolve" else "") + f" for {p.length} steps"
+        for p in plans) or "none (no loop here can be rescheduled)"
+    stored = "" if plans is None else f" (predicted {_mib(sum(p.predicted_bytes() for p in plans))})"
+    plans = plans or []
     if gradient:
         why = ("this program is already differentiated: its loops' residuals are ordinary values that "
                "jax.checkpoint cannot change; put the budget on the function before differentiation, "
                "jax.grad(optimize(f, memory=...)).")
     else:
-        why = (f"loop schedules change only what the loops store across steps (predicted {_mib(stored)}); the "
+        why = (f"loop schedules change only what the loops store across steps{stored}; the "
                "rest of the gradient (work outside the loops, each step's own backward, the inputs' gradients) "
                "is what is left." +
                ("" if any(p.schedule in ("sqrt", "revolve") for p in plans) or not plans else
@@ -339,7 +342,9 @@ def _advice(helped: bool = False) -> str:
 
 
 def _mib(n) -> str:
-    return f"{n / 2 ** 20:.2f} MiB"
+    """Bytes as a person reads them: MiB from 0.1 MiB up, KiB or bytes below (a budget of 64 bytes is not
+    "0.00 MiB")."""
+    return f"{n / 2 ** 20:.2f} MiB" if n >= 2 ** 20 / 10 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} B"
 
 
 __all__ = ["choose", "describe", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",

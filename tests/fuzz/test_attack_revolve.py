@@ -124,10 +124,10 @@ def test_revolve_inside_outer_scan_and_checkpoint():
 
 
 def test_user_linear_call_under_vmap_is_plain_jax():
-    """Issue 40 finding 3: the batching rule jaxform registers for linear_call (after a revolve trace) applies to
-    jaxform's own linear_calls only. A user's raises what plain JAX raises (no batching rule), while revolve's
-    own still batches (vmap of its gradient)."""
-    jax.grad(_opt(_rnn))(W, XS)   # installs the rules
+    """Issue 40 finding 3: jaxform registers nothing for JAX's linear_call (revolve's map is a primitive of its
+    own, `_jax.linear_map`). A user's raises what plain JAX raises (no batching rule) after a revolve was
+    traced, while revolve's own still batches (vmap of its gradient)."""
+    jax.grad(_opt(_rnn))(W, XS)   # a revolve, traced
 
     def user(r, x):
         return linear_call(lambda r, x: r * x, lambda r, ct: 3.0 * r * ct, r, x)
@@ -237,9 +237,9 @@ def test_user_linear_call_transpose_not_silently_dropped():
     """Found by the attack, fixed. user(r, x) = linear_call(r * x, transpose 3 * r * ct). jax.grad w.r.t. x alone
     gives 3 * r; w.r.t. (r, x) plain JAX refuses (an AssertionError in its jvp rule). jaxform's jvp rule for
     linear_call (forward mode over revolve's transposed map) once answered there with the callee's own transpose
-    (ct_x = r), a silently different gradient depending on whether revolve had run in the process. It now
-    applies only to the linear_calls jaxform makes (`_jax.JAXFORM_LINEAR_CALLS`): the user's is JAX's as it was."""
-    jax.grad(_opt(_rnn))(W, XS)   # installs the rules
+    (ct_x = r), a silently different gradient depending on whether revolve had run in the process. jaxform's
+    map is now a primitive of its own (`_jax.linear_map`): the user's linear_call is JAX's as it was."""
+    jax.grad(_opt(_rnn))(W, XS)   # a revolve, traced
 
     def user(r, x):
         return linear_call(lambda r, x: r * x, lambda r, ct: 3.0 * r * ct, r, x)

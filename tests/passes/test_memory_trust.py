@@ -18,8 +18,8 @@ def _scalar_rnn(w, s):
 
 def test_hessian_wrt_scalar_through_revolve():
     """jax.hessian(optimize(f, memory=30000), argnums=1) w.r.t. a scalar raised a bare AssertionError: jacfwd
-    vmaps the transposed schedule's linear_call, and the batched callee lost the name that marks it as
-    jaxform's, so JAX's jvp rule (which asserts residuals have no tangent) ran instead of ours."""
+    vmaps the transposed schedule's linear map, and JAX's linear_call jvp rule (which asserts residuals have no
+    tangent) ran instead of ours. The map is now jaxform's own primitive, `_jax.linear_map`."""
     w, s = jnp.eye(64, dtype=jnp.float32) * 0.5, jnp.float32(0.7)
     opt = jaxform.optimize(_scalar_rnn, memory=30000)
     from jaxform.plan.memory import loop_schedules
