@@ -61,6 +61,7 @@ ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_
 # segment checkpointing, compiled and measured per candidate): run once, last, never in the tails that
 # proposals are judged with (there they would measure programs the plan never keeps).
 LAST_WORD = frozenset({"remat_program"})
+DROPPABLE = frozenset({"cse"})   # cleanups the final guard may leave out where the program is bigger with them
 GUARD_ARGUMENTS = 4    # under jit, the final guard checks jax.grad(f, argnums=k) for the first 4 arguments
 GUARD_RETRIES = 3      # ... and, where the plan is bigger somewhere, tries it without one kept rewrite, 3 times
 TIME_SLACK = 0.02          # a proposal may be *predicted* this much slower (the model's resolution)
@@ -339,8 +340,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     judged like any proposal, the alternative giving back the memory.
     """
     t0 = time.perf_counter()
-    if not _cost.has_loops(Graph.from_jaxpr(closed)):
-        return Plan(run_passes(closed, pipeline, strict=strict, where=where), use=use)
+    loops = _cost.has_loops(Graph.from_jaxpr(closed))
     use_unknown, guessed = not use.known, not use.known and _is_gradient(closed)
     if guessed:
         use = FORWARD_OF_GRADIENT     # `optimize(jax.grad(f))`: what runs is this program, not its own gradient
@@ -349,11 +349,10 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
     budget = _measure.Budget(math.inf if tune else None)
     costs = _Costs(use, budget, example_args, measuring, tune)
-    if not use.differentiated:               # nothing to remember under a forward use: no memory planning
+    if not use.differentiated and loops:     # nothing to remember under a forward use: no memory planning
         pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
-    planning = _Planning(closed, list(pipeline), memory, strict, where, costs)
-    planning.use_unknown, planning.guessed = use_unknown, guessed
-    out = planning.run()
+    planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
+    out = planning.run() if loops else planning.straight_line()
     out.use, out.budget, out.seconds = use, budget, time.perf_counter() - t0
     if out.seconds > SLOW_PLAN_SECONDS:
         log.warning("jaxform: planning %s for %s took %.1f s: %s", where or "a program", use.label, out.seconds,
@@ -362,10 +361,12 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
 
 
 class _Planning:
-    def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs):
+    def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs, use_unknown: bool = False,
+                 guessed: bool = False):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
         self.strict, self.where = strict, where
-        self.use_unknown = self.guessed = False    # a jit trace's call (`plan` sets them)
+        self.use_unknown = use_unknown     # a jit trace's call: nothing tells how its result is used
+        self.guessed = guessed             # ... and the program looks like a gradient (`optimize(jax.grad(f))`)
         self.said: list = []     # the warnings of the proposals kept, said once the plan is made
         self.always = [p for p in pipeline if not decided(p)]
         self._plain = None
@@ -483,13 +484,34 @@ class _Planning:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return Plan(chosen, decisions, frozenset(skip), partial=self.partial)
 
+    def straight_line(self) -> Plan:
+        """A program without loops: no proposal to judge, the pipeline runs as it is. Its result still passes
+        the final guard (CSE can lengthen what lives across XLA's schedule: a per-example-gradient loss whose
+        merged forward made jit's program 16 KiB bigger, issue 40 finding 4)."""
+        decisions: list = []
+        skip = {k for k, p in enumerate(self.pipeline) if decided(p)}      # loop rewrites: nothing to rewrite
+        chosen, skip = self.guard(run_passes(self.closed, self.pipeline, strict=self.strict, where=self.where),
+                                  decisions, skip)
+        for w in self.said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return Plan(chosen, decisions, frozenset(skip))
+
+    def only_inlined(self, chosen) -> bool:
+        """Is `chosen` the traced program with its nested calls inlined, and nothing else? (XLA inlines them
+        itself: nothing to measure.)"""
+        inline = [p for p in self.pipeline if base_name(p) == "inline"]
+        return _same(chosen, run_passes(self.closed, inline, strict=self.strict, where=self.where) if inline
+                     else self.closed)
+
     def guard(self, chosen, decisions: list, skip: set):
         """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
         (mostly answers the judging already compiled). A program bigger than as traced in any view is
         replayed without its kept rewrites, the latest first (GUARD_RETRIES of them, one at a time); if none
-        of those is within, every loop rewrite is given up (the undecided passes, inline, dce, while_grad,
-        still run). Returns the program and the pipeline indices it skips."""
-        if chosen is self.closed or not decisions or not self.costs.measuring:
+        of those is within, every loop rewrite is given up (the undecided passes, inline, cse, dce, while_grad,
+        still run), and where that is bigger still, CSE too (`DROPPABLE`). A program that differs from the
+        traced one only by inlined calls is not measured (XLA inlines them itself). Returns the program and
+        the pipeline indices it skips."""
+        if chosen is self.closed or not self.costs.measuring or self.only_inlined(chosen):
             return chosen, skip
         over = self.bigger(chosen)
         if self.use_unknown and self.memory in (None, "auto") and not _measure.impure(chosen) and \
@@ -514,11 +536,19 @@ class _Planning:
                                           f"undone by the final guard: XLA measured {over} with it"))
                 self.said, self.partial = list(said), False
                 return alt, skip | {k}
+        self.said, skip = [], {k for k, p in enumerate(self.pipeline) if decided(p)}
+        # no loop rewrite; then no merging either (CSE moves where values live); what is left is what the call
+        # needs (inline, dce, while_grad's bound, the budget's own measured checkpoints)
+        needed = [p for p in self.always if base_name(p) not in DROPPABLE]
+        fallbacks = [self.always] + ([needed] if len(needed) < len(self.always) else [])
+        for k, fallback in enumerate(fallbacks):
+            out, said = self.propose(self.closed, fallback)
+            if k == len(fallbacks) - 1 or self.only_inlined(out) or self.bigger(out) is None:
+                break
         decisions.append(Decision("planner", False, self.plain, self.plain,
-                                  f"XLA measured {over}: no loop rewrite is kept"))
-        self.said = []
-        return run_passes(self.closed, self.always, strict=self.strict, where=self.where), \
-            {k for k, p in enumerate(self.pipeline) if decided(p)}
+                                  f"XLA measured {over}: no loop rewrite is kept" + (", no CSE" if k else "")))
+        self.said = list(said)
+        return out, skip | ({j for j, p in enumerate(self.pipeline) if base_name(p) in DROPPABLE} if k else set())
 
     def bigger(self, chosen, derivatives: bool = True) -> str | None:
         """Where `chosen` is bigger than the traced program in XLA's bytes (in words), or None; with
