@@ -22,9 +22,8 @@ from .ir import Graph
 from . import passes as _passes
 from . import plan as _plan
 from .passes.pipeline import PassError, run_passes, verify, user_stacklevel  # noqa: F401 (re-exported)
-from .passes.remat_loops import check_memory, with_memory as remat_with_memory
-from .passes.while_grad import check_max_steps, with_options as while_grad_with
-from .passes.remat_program import with_memory as remat_program_with
+from .passes.remat_loops import check_memory
+from .passes.while_grad import check_max_steps
 
 
 def _fn_name(fn) -> str:
@@ -178,15 +177,6 @@ def _check_bound(api: str, fn, memory, exact, max_steps) -> None:
                          f"memory={memory!r}, exact={exact!r}")
 
 
-def _memory_passes(memory, max_steps, name: str) -> list:
-    """What `memory=` appends to a pipeline: while loops made differentiable within a bound, then loop
-    memory planning (which then also plans the bounded loops' enclosing scans), then segment
-    checkpointing of programs without loops."""
-    # one owner of a byte budget: remat_loops fits the loops, remat_program the rest and says what is unmet
-    return [while_grad_with(memory, max_steps, name), remat_with_memory(memory, warn=False),
-            remat_program_with(memory)]
-
-
 def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *, exact: bool = False,
              strict: bool = False, static_argnums: int | Sequence[int] | None = None,
              static_argnames: str | Sequence[str] | None = None, memory="default", tune: bool = False,
@@ -252,7 +242,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     _check_bound("jaxform.optimize", fn, memory, exact, max_steps)
     name = _fn_name(fn)
     if memory is not None and not exact:   # planned last: fusion first shrinks what loops remember
-        pipeline += _memory_passes(memory, max_steps, name)   # (not exact: XLA fuses recomputed ops anew)
+        pipeline += _passes.memory_pipeline(memory, max_steps, name)   # (not exact: XLA fuses recomputed ops anew)
     static_argnums, static_argnames = _jax.resolve_static_args(fn, static_argnums, static_argnames)
     cache: dict = {}
     decisions: list = []
@@ -320,6 +310,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
 
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)
+    # what `jaxform.explain(wrapper, ...)` explains: this function with these settings (not a re-plan of its result)
+    wrapper.jaxform_settings = dict(passes=passes, exact=exact, memory=memory, max_steps=max_steps, plan=plan)
     wrapper.decisions = lambda: list(decisions)   # the planner's decisions for the latest signature traced
     wrapper.plan = lambda: last_plan[0] if last_plan else None   # ... and the whole plan: use, what it spent
     return wrapper

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 from ..ir import Graph
 from ..ir.printing import diff
-from ..passes.remat_loops import check_memory, plan as loop_plan, reschedulable_why, with_memory
+from ..passes import memory_pipeline
+from ..passes.remat_loops import check_memory, plan as loop_plan, reschedulable_why
 from ..passes.scan_reductions import blockers
 from ..plan import UNKNOWN, plan as plan_pipeline
 from ..plan.memory import loop_schedules
@@ -136,6 +137,14 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     for_use: the `plan.Use` to plan for (default: forward and gradient, as `jax.jit(optimize(fn))` is planned,
         where nothing tells how the result will be used).
     """
+    settings = getattr(fn, "jaxform_settings", None)
+    max_steps = None
+    if settings is not None:   # an `optimize` wrapper: explain its function under its settings (not a re-plan
+        fn = fn.__wrapped__    # of what it traces to), unless the call says otherwise
+        passes = settings["passes"] if passes is None else passes
+        loop_memory = settings["memory"] if loop_memory == "default" else loop_memory
+        plan = settings["plan"] if plan is None else plan
+        max_steps = settings["max_steps"]
     if loop_memory != "default":
         check_memory(loop_memory, where=f"jaxform.explain({program.fn_name(fn)}, loop_memory=...)")
     step = program.Progress(progress)
@@ -145,8 +154,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     if loop_memory == "default":
         loop_memory = "auto" if passes is None else None
     pipe = [_with_stats(p, stats) for p in program.pipeline(passes)]
-    if loop_memory is not None:
-        pipe.append(with_memory(loop_memory))
+    if loop_memory is not None:     # as `optimize(memory=...)` appends them
+        pipe += memory_pipeline(loop_memory, max_steps, program.fn_name(fn))
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     planned = passes is None if plan is None else bool(plan)

@@ -46,4 +46,16 @@ def default_pipeline(exact: bool = False) -> list[Callable[[Graph], Graph]]:
     return [p for p in ps if p.exact] if exact else ps
 
 
-__all__ = ["PASSES", "DEFAULT", "register", "get", "default_pipeline", "dce", "cse", "inline"]
+def memory_pipeline(memory, max_steps: int | None = None, name: str = "") -> list[Callable[[Graph], Graph]]:
+    """What `memory=` appends to a pipeline (`optimize` and `explain` alike): while loops made differentiable
+    within a bound, then loop memory planning (which then also plans the bounded loops' enclosing scans),
+    then segment checkpointing. One owner of a byte budget: remat_loops fits the loops, remat_program the
+    rest and says what is unmet."""
+    from .remat_loops import with_memory as remat_loops_with
+    from .remat_program import with_memory as remat_program_with
+    from .while_grad import with_options as while_grad_with
+    return [while_grad_with(memory, max_steps, name), remat_loops_with(memory, warn=False),
+            remat_program_with(memory)]
+
+
+__all__ = ["PASSES", "DEFAULT", "register", "get", "default_pipeline", "memory_pipeline", "dce", "cse", "inline"]

@@ -16,9 +16,11 @@ model and say so.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -132,6 +134,37 @@ def _disk(key: str, value=None):
     return value
 
 
+# ---- a progress line: planning that takes a while says so while it runs (like JAX's "compiling" log) ----------
+
+PROGRESS_SECONDS = 5.0     # planning longer than this says so, once, on the `jaxform` logger
+_clock: list = []          # [(started, where, compiles so far, said)] of the plans running (nested: innermost last)
+
+
+@contextlib.contextmanager
+def planning(where: str):
+    """Time a plan of `where`; `_tick` (each candidate compiled) says once that it is still planning. Yields
+    [started, where, compiles, said]: the compiles of every decision made meanwhile (a budget's too)."""
+    _clock.append(clock := [time.perf_counter(), where, 0, False])
+    try:
+        yield clock
+    finally:
+        _clock.pop()
+
+
+def _tick() -> None:
+    if not _clock:
+        return
+    c = _clock[-1]
+    c[2] += 1
+    took = time.perf_counter() - c[0]
+    if not c[3] and took > PROGRESS_SECONDS:
+        c[3] = True
+        logging.getLogger("jaxform").warning(
+            "jaxform: planning %s: %.0f s so far, %d candidate program(s) compiled (XLA measures each one's memory "
+            "and time; the answers are cached on disk for the next run). jaxform.explain(fn, *args) lists the "
+            "decisions; JAXFORM_MEASURE=0 plans on the cost model alone.", c[1] or "a program", took, c[2])
+
+
 def measurable(closed) -> bool:
     """Can this program be compiled here on its own (no tracer constants of an enclosing transformation)?"""
     return not any(isinstance(c, _jax.Tracer) for c in closed.consts)
@@ -144,6 +177,7 @@ def _compiled(closed, budget: Budget):
         fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
         budget._memo[key] = fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile()
         budget.compiles += 1
+        _tick()
         took = time.perf_counter() - t0
         budget.spent += took
         budget.compile_spent += took

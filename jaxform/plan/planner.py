@@ -352,7 +352,9 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     if not use.differentiated and loops:     # nothing to remember under a forward use: no memory planning
         pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
-    out = planning.run() if loops else planning.straight_line()
+    with _measure.planning(f"{where or 'a program'} for {use.label}") as clock:
+        out = planning.run() if loops else planning.straight_line()
+    budget.compiles = max(budget.compiles, clock[2])     # the memory decisions' compiles too (`plan.memory`)
     out.use, out.budget, out.seconds = use, budget, time.perf_counter() - t0
     if out.seconds > SLOW_PLAN_SECONDS:
         log.warning("jaxform: planning %s for %s took %.1f s: %s", where or "a program", use.label, out.seconds,

@@ -15,7 +15,9 @@ from programs import B, H, L, algebraic, line_of, mse, rnn, rnn_args, twice
 def test_flagship_report():
     args = rnn_args(length=200)
     r = jaxform.explain(mse, *args)
-    assert isinstance(r, Report) and r.passes == list(jaxform.passes.DEFAULT) + ["remat_loops(memory='auto')"]
+    # the pipeline `optimize` runs: its memory passes included (while_grad, remat_loops, remat_program)
+    assert isinstance(r, Report) and r.passes == list(jaxform.passes.DEFAULT) + [
+        "while_grad(max_steps=None)", "remat_loops(memory='auto')", "remat_program(memory='auto')"]
     assert [c.pass_name for c in r.changes] == ["fuse_scan_reductions", "remat_loops(memory='auto')"]
     c = r.changes[0]
     assert any(w.endswith(f"programs.py:{line_of(mse, 'MSE_LINE')} (mse)") for w in c.where)
@@ -25,6 +27,10 @@ def test_flagship_report():
     # XLA's own numbers for the user's function and for jaxform.optimize of it
     assert before == jax.jit(mse).lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert after == jax.jit(jaxform.optimize(mse)).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    # explain of the optimize wrapper explains the function under the wrapper's settings, not a re-plan of its result
+    assert jaxform.explain(jaxform.optimize(mse), *args).changes == r.changes
+    r2 = jaxform.explain(jaxform.optimize(mse, memory="min"), *args)
+    assert r2.passes[-1] == "remat_program(memory='min')" and r2.function == r.function
     assert before >= 200 * B * H * 4 > 10 * after   # the [L, B, H] intermediates are gone
     assert "+" in c.diff and "num_carry=3" in c.diff   # h, the accumulator and its compensation (200 steps > 64)
     text = str(r)
