@@ -307,7 +307,9 @@ def recompute_choice(closed, memory, asked: str):
         reached = min((s[2] for s in scored), default=plain)
         how = f" with {describe(least[0])}" if least else ""
         _cannot_fit(asked, plain, f"the least recomputation in its backward reaches is {_mib(reached)}{how}; " +
-                    ("using that." if least else f"the program is left as it is, at {_mib(plain)}."),
+                    ("using that." if least else f"the program is left as it is, at {_mib(plain)}.") +
+                    " The other order plans before JAX decides what the backward pass stores, and often reaches "
+                    "less: jax.grad(optimize(f, memory=...)) (docs/remat.md, both orders).",
                     subject="this gradient program's own memory", helped=least is not None)
     return least, True
 
