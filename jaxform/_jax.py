@@ -216,6 +216,25 @@ def closed_jaxpr(constvars, invars, outvars, eqns, effects, debug_info, consts) 
     return jex.ClosedJaxpr(jex.Jaxpr(constvars, invars, outvars, eqns, effects, debug_info), list(consts))
 
 
+def consts_as_inputs(closed: ClosedJaxpr, traced: list) -> ClosedJaxpr:
+    """`closed` with its constants that are in `traced` (tracers of an enclosing transformation, by identity)
+    made leading inputs, in that order; the other constants stay."""
+    at = {id(c): k for k, c in enumerate(traced)}
+    specs = [spec_of(get_aval(c)) for c in traced] + [spec_of(a) for a in closed.in_avals]
+
+    def opened(*a):
+        consts = [a[at[id(c)]] if id(c) in at else c for c in closed.consts]
+        return _core.eval_jaxpr(closed.jaxpr, consts, *a[len(traced):])
+    return jax.make_jaxpr(opened)(*specs)
+
+
+def inputs_as_consts(closed: ClosedJaxpr, values: list) -> ClosedJaxpr:
+    """`closed` with its leading inputs bound to `values` (tracers of the enclosing trace: constants again)."""
+    n = len(values)
+    return jax.make_jaxpr(lambda *a: _core.eval_jaxpr(closed.jaxpr, closed.consts, *values, *a))(
+        *[spec_of(a) for a in closed.in_avals[n:]])
+
+
 class LayoutHint:
     """The version-specific form of canonical params that counts alone cannot rebuild (0.11+ scan's
     FlatTree nesting), kept so a round trip gives back the same equation. All hints compare equal:

@@ -301,12 +301,36 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             return run_passes(closed, pipeline, strict=strict, where=name), out_tree, cacheable, False
         if _jax.has_scan3(closed):   # planned from the scans they are
             closed = run_passes(closed, [_passes.scans_from_ref_loops], strict=strict, where=name)
+        traced = [c for c in closed.consts if isinstance(c, _jax.Tracer)]
+        if traced and not closed.jaxpr.effects:
+            return _build_open(closed, traced, out_tree)
         with _jax.classic_loops():
             chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=args_leaves[0] if args_leaves else None, use=use)
         decisions[:] = chosen.decisions
         last_plan[:] = [chosen]
         return chosen.closed, out_tree, cacheable, chosen.budget is not None   # planned for this use
+
+    def _build_open(closed, traced, out_tree):
+        """`fn` closes over values of an enclosing transformation (`jax.grad(lambda w: optimize(lambda xs:
+        f(xs, w))(xs))`): they are inputs of the program planned, so the use they tell is planned for (a
+        closed-over parameter under jax.grad: the gradient w.r.t. it), then closed over again."""
+        opened = _jax.consts_as_inputs(closed, traced)
+        n = len(traced)
+        use2 = _plan.use_of(list(traced) + list(args_leaves[0]))
+        grad = next((s for s in use2.steps if isinstance(s, tuple) and s[0] == "grad"), None) if use2.known else None
+        first, asked = _plan.cost.first_argument(), _plan.cost.asked_gradient()
+        if grad is not None and any(i < n for i in grad[1]):
+            first, asked = grad[1], "the gradient jax.grad takes here (w.r.t. the values the function closes over)"
+        elif first is not None:
+            first = [i + n for i in first]
+        groups = [range(0, n)] + [range(r.start + n, r.stop + n) for r in _plan.cost.arguments()]
+        with _plan.cost.first_argument_is(first, asked), _plan.cost.arguments_are(groups), _jax.classic_loops():
+            chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
+                                example_args=None, use=use2)
+        decisions[:] = chosen.decisions
+        last_plan[:] = [chosen]
+        return _jax.inputs_as_consts(chosen.closed, traced), out_tree, False, True
 
     wrapper.cache_size = lambda: len(cache)
     wrapper.passes = tuple(pipeline)

@@ -75,17 +75,16 @@ def test_typed_key_constant_in_a_loop():
     np.testing.assert_allclose(got, f(xs), rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="optimize(lambda xs: f(xs, w)) called under jax.grad of the closed-over w is planned as "
-                          "a forward use (its inputs are concrete): jit(grad) temp 16816 B vs plain 8388 B (2x) "
-                          "on CPU, JAX 0.10.2 (16744 B on 0.12)")
-def test_grad_through_a_closed_over_parameter_not_bigger():
-    """`use_of` reads the use from the call's inputs only; a parameter closed over (a tracer constant, the
-    usual `optimize(partial(loss, params))` / closure-in-a-training-step pattern) is differentiated with
-    no input telling. The forward plan (fused loss) then doubles the gradient's temp memory. Same on
-    rnn (21124 vs 20676 B), hoisting (9840 vs 9448 B), two loops (33476 vs 33412 B)."""
+@pytest.mark.parametrize("through_jit", [False, True])
+def test_grad_through_a_closed_over_parameter_not_bigger(through_jit):
+    """`use_of` read the use from the call's inputs only; a parameter closed over (a tracer constant, the
+    usual `optimize(partial(loss, params))` / closure-in-a-training-step pattern) was differentiated with
+    no input telling. The forward plan (fused loss) then doubled the gradient's temp memory: 16816 vs 8388 B
+    (same on rnn 21124 vs 20676 B, hoisting 9840 vs 9448 B, two loops 33476 vs 33412 B). Fixed: such
+    constants are inputs of the program planned (`optimize._build_open`), so their use is planned for."""
     g_plain = jax.grad(lambda w: _cumsum_loss(XS, w))
-    g_opt = jax.grad(lambda w: jaxform.optimize(lambda xs: _cumsum_loss(xs, w))(XS))
+    inner = (lambda f: jax.jit(f)) if through_jit else (lambda f: f)
+    g_opt = jax.grad(inner(lambda w: jaxform.optimize(lambda xs: _cumsum_loss(xs, w))(XS)))
     np.testing.assert_allclose(g_opt(W), g_plain(W), rtol=1e-5, atol=1e-6)    # values hold
     t_plain, t_opt = _temp(g_plain, W), _temp(g_opt, W)
     assert t_opt <= t_plain, (t_opt, t_plain)
