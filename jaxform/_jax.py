@@ -510,12 +510,15 @@ def transpose_error_primitive():
 # does must not depend on whether jaxform ran earlier in the process (issue 40, finding 3). `linear_map` binds a
 # primitive of jaxform's own, `jaxform_linear_call`, with the rules it needs; nothing is registered for JAX's.
 
-def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int) -> ClosedJaxpr:
-    """`closed` under vmap of `size` with `in_axes` (0 or None each), all outputs at 0."""
-    specs = [jax.ShapeDtypeStruct(a.shape if ax is None else (size, *a.shape), a.dtype)
-             for a, ax in zip(closed.in_avals, in_axes)]
+def _vmap_closed(closed: ClosedJaxpr, in_axes: list, size: int, axis_name=None, spmd_name=None) -> ClosedJaxpr:
+    """`closed` under vmap of `size` with `in_axes` (0 or None each), all outputs at 0; under the caller's
+    axis name (a collective in the map names it) and with the inputs' weak types kept."""
+    specs = [jax.ShapeDtypeStruct(a.shape if ax is None else (size, *a.shape), a.dtype,
+                                  weak_type=getattr(a, "weak_type", False)) for a, ax in zip(closed.in_avals, in_axes)]
+    kw = {} if spmd_name is None else {"spmd_axis_name": spmd_name}
     return jax.make_jaxpr(jax.vmap(lambda *a: _core.eval_jaxpr(closed.jaxpr, closed.consts, *a),
-                                   in_axes=tuple(in_axes), out_axes=0, axis_size=size))(*specs)
+                                   in_axes=tuple(in_axes), out_axes=0, axis_size=size, axis_name=axis_name,
+                                   **kw))(*specs)
 
 
 def _hoisted(fn, specs) -> tuple[ClosedJaxpr, list, Any]:
@@ -531,66 +534,86 @@ def _hoisted(fn, specs) -> tuple[ClosedJaxpr, list, Any]:
     return jex.ClosedJaxpr(_pe.convert_constvars_jaxpr(closed.jaxpr), ()), list(closed.consts), tree[-1]
 
 
-def _linear_map_impl(*args, callee, transpose_thunk, num_consts, num_res):
-    return _core.eval_jaxpr(callee.jaxpr, (), *args)
+# The primitive's operands: the callee's constants, the transpose's constants, the residuals, the linear
+# operands. Both functions are jaxprs over (their constants, residuals, linear operands / cotangents), traced
+# when the map is made, so a value either closes over from an enclosing trace is an operand like any other
+# (batched, differentiated, transposed with the rest) and never outlives its trace.
+
+def _split(args, num_consts, num_tconsts, num_res):
+    a, b, c = num_consts, num_consts + num_tconsts, num_consts + num_tconsts + num_res
+    return args[:a], args[a:b], args[b:c], args[c:]
 
 
-def _linear_map_jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res):
-    """Tangents of the linear operands: the same map. Tangents of consts/residuals too (forward over reverse,
-    a Hessian-vector product through revolve's transposed schedule): the callee differentiated as the plain
-    function it is, w.r.t. what has a tangent (forward mode is never transposed, so its own transpose is moot)."""
+def _linear_map_impl(*args, callee, transpose, num_consts, num_tconsts, num_res):
+    consts, _, res, lin = _split(args, num_consts, num_tconsts, num_res)
+    return _core.eval_jaxpr(callee.jaxpr, (), *consts, *res, *lin)
+
+
+def _linear_map_jvp(primals, tangents, **params):
+    """The tangent is linear in the linear operands' tangents: the same map (so reverse mode later runs the
+    given transpose). Tangents of consts/residuals (forward over reverse: a Hessian-vector product through
+    revolve's transposed schedule) add the callee's derivative w.r.t. them, the linear operands held at their
+    values: `jax.jvp` of the callee, which gives the primal output too (the callee runs once for it). The
+    transpose's constants do not change the output: their tangents do not reach it."""
     from jax.interpreters import ad
-    n = num_consts + num_res
     p = linear_map_primitive()
-    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res)
+    nc, nt, nr = params["num_consts"], params["num_tconsts"], params["num_res"]
+    callee = params["callee"]
+    n = nc + nt + nr
     nonzero = [type(t) is not ad.Zero for t in tangents]
-    out = p.bind(*primals, **params)
-    if not any(nonzero[:n]):
-        t_out = p.bind(*primals[:n], *[ad.instantiate_zeros(t) for t in tangents[n:]], **params)
-        return out, t_out
+    t_lin = None
+    if any(nonzero[n:]):
+        t_lin = p.bind(*primals[:n], *[ad.instantiate_zeros(t) for t in tangents[n:]], **params)
+    own = [k for k in (*range(nc), *range(nc + nt, n)) if nonzero[k]]    # consts and residuals with a tangent
+    if not own:
+        out = p.bind(*primals, **params)
+        return out, t_lin if t_lin is not None else [jax.numpy.zeros_like(o) for o in out]   # (JAX never asks)
+    consts, _, res, lin = _split(list(primals), nc, nt, nr)
 
-    def of_nonzero(*d):
-        it = iter(d)
-        return _core.eval_jaxpr(callee.jaxpr, (), *[next(it) if z else x for x, z in zip(primals, nonzero)])
-    _, t_out = jax.jvp(of_nonzero, tuple(x for x, z in zip(primals, nonzero) if z),
-                       tuple(t for t, z in zip(tangents, nonzero) if z))
-    return out, list(t_out)
+    def of_own(*d):
+        vals = list(primals)
+        for k, v in zip(own, d):
+            vals[k] = v
+        c, _, r, _ = _split(vals, nc, nt, nr)
+        return _core.eval_jaxpr(callee.jaxpr, (), *c, *r, *lin)
+    out, t_res = jax.jvp(of_own, tuple(primals[k] for k in own), tuple(tangents[k] for k in own))
+    t_out = list(t_res) if t_lin is None else [a + b for a, b in zip(t_res, t_lin)]
+    return list(out), t_out
 
 
-def _linear_map_transpose(cts, *args, callee, transpose_thunk, num_consts, num_res):
+def _linear_map_transpose(cts, *args, callee, transpose, num_consts, num_tconsts, num_res):
     """Run the given transpose on the cotangents; its own transpose is the callee (`linear_map` twice)."""
     from jax.interpreters import ad
-    transpose, t_consts = transpose_thunk()
-    consts, res, lin = args[:num_consts], args[num_consts:num_consts + num_res], args[num_consts + num_res:]
-    cts_avals = transpose.in_avals[len(t_consts) + num_res:]
+    consts, tconsts, res, lin = _split(args, num_consts, num_tconsts, num_res)
+    cts_avals = transpose.in_avals[num_tconsts + num_res:]
     cts = [jax.numpy.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct for ct, a in zip(cts, cts_avals)]
-    out = linear_map_primitive().bind(*t_consts, *res, *cts, callee=transpose,
-                                      transpose_thunk=lambda: (callee, list(consts)),
-                                      num_consts=len(t_consts), num_res=num_res)
+    out = linear_map_primitive().bind(*tconsts, *consts, *res, *cts, callee=transpose, transpose=callee,
+                                      num_consts=num_tconsts, num_tconsts=num_consts, num_res=num_res)
     # a linear operand that is not an undefined primal (known zeros, say) gets no cotangent
-    return [None] * (num_consts + num_res) + [c if ad.is_undefined_primal(x) else None for c, x in zip(out, lin)]
+    return [None] * (num_consts + num_tconsts + num_res) + \
+        [c if ad.is_undefined_primal(x) else None for c, x in zip(out, lin)]
 
 
-def _linear_map_batch(args, dims, *, callee, transpose_thunk, num_consts, num_res):
-    """Both functions batched alike: consts and residuals keep their batch axes (moved to 0), the linear
-    operands are batched at 0 (so the transpose's cotangents line up), outputs at 0."""
+def _linear_map_batch(axis_data, args, dims, *, callee, transpose, num_consts, num_tconsts, num_res):
+    """Both functions batched alike: constants and residuals keep their batch axes (moved to 0), the linear
+    operands are batched at 0 (so the transpose's cotangents line up), outputs at 0; under the vmap's axis
+    name, so a collective in the map still finds its axis."""
     from jax.interpreters import batching
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    nfix = num_consts + num_res
+    p = linear_map_primitive()
+    params = dict(num_consts=num_consts, num_tconsts=num_tconsts, num_res=num_res)
+    if all(d is None for d in dims):
+        out = p.bind(*args, callee=callee, transpose=transpose, **params)
+        return out, [None] * len(out)
+    size, name, spmd = axis_data.size, axis_data.name, getattr(axis_data, "spmd_name", None)
+    nfix = num_consts + num_tconsts + num_res
     fixed = [a if d is None else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args[:nfix], dims[:nfix])]
-    fixed_axes = [None if d is None else 0 for d in dims[:nfix]]
+    axes = [None if d is None else 0 for d in dims[:nfix]]
     lin = [batching.bdim_at_front(a, d, size) for a, d in zip(args[nfix:], dims[nfix:])]
-    b_callee = _vmap_closed(callee, fixed_axes + [0] * len(lin), size)
-    res_axes = fixed_axes[num_consts:]
-
-    @functools.cache
-    def b_transpose_thunk():
-        t, t_consts = transpose_thunk()
-        n_cts = len(t.in_avals) - len(t_consts) - num_res
-        return _vmap_closed(t, [None] * len(t_consts) + res_axes + [0] * n_cts, size), t_consts
-
-    out = linear_map_primitive().bind(*fixed, *lin, callee=b_callee, transpose_thunk=b_transpose_thunk,
-                                      num_consts=num_consts, num_res=num_res)
+    c_axes, t_axes, r_axes = _split(axes, num_consts, num_tconsts, num_res)[:3]
+    b_callee = _vmap_closed(callee, [*c_axes, *r_axes] + [0] * len(lin), size, name, spmd)
+    n_cts = len(transpose.in_avals) - num_tconsts - num_res
+    b_transpose = _vmap_closed(transpose, [*t_axes, *r_axes] + [0] * n_cts, size, name, spmd)
+    out = p.bind(*fixed, *lin, callee=b_callee, transpose=b_transpose, **params)
     return out, [0] * len(out)
 
 
@@ -598,14 +621,15 @@ def _linear_map_batch(args, dims, *, callee, transpose_thunk, num_consts, num_re
 def linear_map_primitive() -> Primitive:
     """`jaxform_linear_call`: JAX's `linear_call` as a primitive of jaxform's own, with a batching rule and a
     jvp rule for tangents of the residuals. Made once; JAX's own primitives are left as they are."""
-    from jax.interpreters import ad, batching, mlir
+    from jax._src.interpreters import batching
+    from jax.interpreters import ad, mlir
     p = jex.Primitive("jaxform_linear_call")
     p.multiple_results = True
     p.def_impl(_linear_map_impl)
     p.def_abstract_eval(lambda *args, callee, **_: callee.out_avals)
     ad.primitive_jvps[p] = _linear_map_jvp
     ad.primitive_transposes[p] = _linear_map_transpose
-    batching.primitive_batchers[p] = _linear_map_batch
+    batching.fancy_primitive_batchers[p] = _linear_map_batch   # (axis data: the vmap's name and size)
     mlir.register_lowering(p, mlir.lower_fun(_linear_map_impl, multiple_results=True))
     return p
 
@@ -613,7 +637,8 @@ def linear_map_primitive() -> Primitive:
 def linear_map(fun, fun_transpose, residual_args, linear_args):
     """`jax.custom_derivatives.linear_call(fun, fun_transpose, residual_args, linear_args)` (same contract:
     `fun(res, lin)` linear in `lin`, `fun_transpose(res, ct)` its transpose) on jaxform's own primitive,
-    which also batches and takes forward mode over its transpose."""
+    which also batches (under the vmap's axis name) and takes forward mode over its transpose. Both
+    functions are traced here: what they close over from an enclosing trace becomes an operand."""
     res, res_tree = jax.tree_util.tree_flatten(residual_args)
     lin, lin_tree = jax.tree_util.tree_flatten(linear_args)
     nr = len(res)
@@ -621,18 +646,13 @@ def linear_map(fun, fun_transpose, residual_args, linear_args):
     callee, consts, out_tree = _hoisted(lambda *a: fun(jax.tree_util.tree_unflatten(res_tree, a[:nr]),
                                                        jax.tree_util.tree_unflatten(lin_tree, a[nr:])), specs)
     out_specs = [spec_of(a) for a in callee.out_avals]
-
-    @functools.cache
-    def transpose_thunk():
-        t, t_consts, tree = _hoisted(lambda *a: fun_transpose(jax.tree_util.tree_unflatten(res_tree, a[:nr]),
-                                                              jax.tree_util.tree_unflatten(out_tree, list(a[nr:]))),
-                                     specs[:nr] + out_specs)
-        if tree != lin_tree:
-            raise TypeError(f"jaxform: a linear map's transpose returned {tree}; its linear inputs are {lin_tree}")
-        return t, t_consts
-
-    out = linear_map_primitive().bind(*consts, *res, *lin, callee=callee, transpose_thunk=transpose_thunk,
-                                      num_consts=len(consts), num_res=nr)
+    transpose, tconsts, tree = _hoisted(
+        lambda *a: fun_transpose(jax.tree_util.tree_unflatten(res_tree, a[:nr]),
+                                 jax.tree_util.tree_unflatten(out_tree, list(a[nr:]))), specs[:nr] + out_specs)
+    if tree != lin_tree:
+        raise TypeError(f"jaxform: a linear map's transpose returned {tree}; its linear inputs are {lin_tree}")
+    out = linear_map_primitive().bind(*consts, *tconsts, *res, *lin, callee=callee, transpose=transpose,
+                                      num_consts=len(consts), num_tconsts=len(tconsts), num_res=nr)
     return jax.tree_util.tree_unflatten(out_tree, out)
 
 

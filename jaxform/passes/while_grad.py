@@ -22,7 +22,9 @@ instead whose transpose raises an error naming the function and what to do;
 forward mode (`jax.jvp`, `jacfwd`) keeps working on it as before.
 
 Forward mode is exact at any trip count: the tangents past the bound are the `while`'s own
-(a linear map, `_jax.linear_map`, whose transpose is zero, so reverse mode never transposes the `while`).
+(a linear map, `_jax.linear_map`, whose transpose is zero, so reverse mode over forward mode never
+transposes the `while`'s tangents). Reverse over forward mode (`jax.grad` of `jax.jvp`, `jacrev(jacfwd)`)
+differentiates those tangents w.r.t. the primals, through the `while`: JAX's own error, as in plain JAX.
 
 Costs: under `grad` the forward pass runs both the `while` and the bounded scan, whose
 step is a `select` (the body runs on all N steps; XLA allocates for N steps anyway:
@@ -301,7 +303,8 @@ def bounded_while(cond_j, body_j, nc, nb, steps, memory, specs, where: str = "")
         t_out = list(t_res[:-1])
         for k, i in enumerate(floats):
             bounded = t_out[i] * poison.astype(t_out[i].dtype)
-            t_out[i] = jnp.where(running, t_exact[k], bounded)
+            # a tangent has its primal's weak type, as in plain JAX (the poison is a strong float)
+            t_out[i] = _jax.with_weak_type(jnp.where(running, t_exact[k], bounded), _jax.get_aval(out[i]).weak_type)
         return out, t_out
     return loop
 
