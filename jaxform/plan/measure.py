@@ -110,7 +110,8 @@ def program_key(closed) -> str:
     h = hashlib.sha256()
     h.update(str(closed.jaxpr).encode())
     for c in closed.consts:
-        a = np.asarray(_jax.key_data(c) if _jax.is_typed_key(c) else c)
+        with jax.ensure_compile_time_eval():    # a concrete key's bits, even while an outer jit traces
+            a = np.asarray(_jax.key_data(c) if _jax.is_typed_key(c) else c)
         h.update(str(getattr(c, "dtype", "")).encode())     # (a typed key: its impl, then its bits)
         h.update(f"{a.dtype}{a.shape}".encode())
         h.update(a.tobytes()[:1 << 20])
