@@ -28,7 +28,8 @@ HYPOTHETICAL_GRAD = "grad (if used)"
 class Use:
     """How the program is used: `steps` are the transformations applied to it, first applied first:
     ("grad", wrt) with the differentiated input indices, ("vmap", axes, size) with each input's batch
-    axis (None: not batched); `known` is False when nothing told (a jit tracer)."""
+    axis (None: not batched), ("jvp", wrt) forward mode w.r.t. those inputs; `known` is False when nothing
+    told (a jit tracer)."""
     steps: tuple = ()
     known: bool = True
 
@@ -71,6 +72,8 @@ class Use:
                 closed = gradient_program(closed, s[1])
             elif s[0] == "vmap":
                 closed = batched_program(closed, s[1], s[2])
+            elif s[0] == "jvp":
+                closed = jvp_program(closed, s[1])
         return closed
 
 
@@ -101,7 +104,8 @@ def use_of(leaves) -> Use:
             size = next((t[3] for _, t in level if t[3] is not None), None)
             if size is not None:
                 steps.append(("vmap", tuple(axes), size))
-        # forward mode ("jvp") costs what the forward program does, a constant factor more: planned as it
+        elif kind == "jvp":     # forward mode: judged as the program jax.jvp runs (primal and tangent together)
+            steps.append(("jvp", tuple(i for i, _ in level)))
         for i, t in level:
             cur[i] = t[1]
     if not steps and any(isinstance(x, _jax.Tracer) for x in cur):
@@ -135,6 +139,26 @@ def gradient_program(closed, wrt=None, through_jit: bool = False):
         return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
     except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
         return None
+
+
+def jvp_program(closed, wrt):
+    """The jaxpr `jax.jvp` runs for this program, with tangents on the float inputs `wrt` (others held)."""
+    wrt = [i for i in wrt if i < len(closed.in_avals) and jnp.issubdtype(closed.in_avals[i].dtype, jnp.inexact)]
+    if not wrt:
+        return closed
+    specs = [_jax.spec_of(a) for a in closed.in_avals]
+
+    def run(*x):
+        def of(*d):
+            full = list(x)
+            for i, v in zip(wrt, d):
+                full[i] = v
+            return _jax.eval_jaxpr(closed, *full)
+        return jax.jvp(of, tuple(x[i] for i in wrt), tuple(jnp.ones_like(x[i]) for i in wrt))
+    try:
+        return jax.make_jaxpr(run)(*specs)
+    except Exception:  # noqa: BLE001 - a program JAX cannot run forward mode through here: judged as it is
+        return closed
 
 
 def batched_program(closed, axes, size: int):

@@ -119,13 +119,11 @@ def test_concrete_typed_key_constant_eager_grad_vmap():
                                jax.vmap(lambda w: _noisy(xs, w))(jnp.array([0.5, 0.6])), rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="jax.hessian of a closure over a scalar s (optimize(lambda xs: cumsum(xs, W * s))(XS)): "
-                          "use_of skips jvp levels (planned as grad w.r.t. s, whose view is smaller: 8760 vs "
-                          "9384 B), so hoist_loop_invariants + fuse_scan_reductions are kept and the forward-over-"
-                          "reverse program is bigger: jit temp 17096 B vs plain 13496 B on JAX 0.10.2 (16968 vs "
-                          "13496 B on 0.12.0.1), CPU. Same with s passed as an argument and jax.hessian(optimize(f))")
 def test_hessian_of_closure_not_bigger():
+    """jax.hessian of a closure over a scalar s (optimize(lambda xs: cumsum(xs, W * s))(XS)) was planned as grad
+    w.r.t. s (use_of skipped jvp levels; that view is smaller, 8760 vs 9384 B), so the loop rewrites were kept
+    and the forward-over-reverse program was bigger: jit temp 17096 B vs plain 13496 B (JAX 0.10.2; 16968 B on
+    0.12). Fixed: forward mode is a step of the use, judged as the program jax.jvp runs (jvp of the gradient)."""
     s = jnp.float32(0.7)
     fw = lambda s, xs: _cumsum(xs, W * s)                       # noqa: E731
     h_opt = jax.hessian(lambda s, xs: O(lambda xs: fw(s, xs))(xs))
@@ -134,11 +132,9 @@ def test_hessian_of_closure_not_bigger():
     assert _temp(h_opt, s, XS) <= _temp(h_plain, s, XS)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="jax.jvp of optimize(cumsum) w.r.t. W (tangent W): planned as forward (use_of: "
-                          "'forward mode costs what the forward does'), fission kept; jit temp 16576 B vs plain "
-                          "16568 B (8 B bigger), CPU, JAX 0.10.2 and 0.12.0.1; same through a closure over W")
 def test_jvp_not_bigger():
+    """jax.jvp of optimize(cumsum) w.r.t. W was planned as forward (fission kept): jit temp 16576 B vs plain
+    16568 B (8 B bigger), JAX 0.10.2 and 0.12. Fixed: forward mode is a step of the use ("jvp", wrt)."""
     o = O(_cumsum)
     j_opt = lambda w, xs: jax.jvp(lambda w: o(xs, w), (w,), (w,))          # noqa: E731
     j_plain = lambda w, xs: jax.jvp(lambda w: _cumsum(xs, w), (w,), (w,))  # noqa: E731
