@@ -20,7 +20,7 @@ from .licm import hoist_loop_invariants  # noqa: E402
 from .outline import outline  # noqa: E402
 from .scan_reductions import fuse_scan_reductions  # noqa: E402
 from .fission import fission  # noqa: E402
-from .remat_loops import remat_loops  # noqa: E402
+from .remat_loops import remat_loops, with_memory as remat_loops_with  # noqa: E402
 from .residual_stacks import thin_residuals  # noqa: E402
 from .stream_rows import stream_rows  # noqa: E402
 from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
@@ -28,8 +28,8 @@ from ..state.ref_loops import scans_from_ref_loops, has_ref_loops  # noqa: E402
 # Loops over refs (JAX 0.12's Scan3 under jax_scan3) read as scans; `run_passes` puts it first by itself.
 register("scans_from_ref_loops", exact=True)(scans_from_ref_loops)
 
-from .while_grad import while_grad  # noqa: E402
-from .remat_program import remat_program  # noqa: E402
+from .while_grad import while_grad, with_options as while_grad_with  # noqa: E402
+from .remat_program import remat_program, with_memory as remat_program_with  # noqa: E402
 
 # Order: stream_rows reads a loop's buffer rows as the discharged for_loop wrote them (before hoisting moves
 # their index arithmetic); hoisting makes a residual's operands loop constants before sum_then_pull_back looks for them;
@@ -51,9 +51,6 @@ def memory_pipeline(memory, max_steps: int | None = None, name: str = "") -> lis
     within a bound, then loop memory planning (which then also plans the bounded loops' enclosing scans),
     then segment checkpointing. One owner of a byte budget: remat_loops fits the loops, remat_program the
     rest and says what is unmet."""
-    from .remat_loops import with_memory as remat_loops_with
-    from .remat_program import with_memory as remat_program_with
-    from .while_grad import with_options as while_grad_with
     return [while_grad_with(memory, max_steps, name), remat_loops_with(memory, warn=False),
             remat_program_with(memory)]
 
