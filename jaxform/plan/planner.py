@@ -30,6 +30,7 @@ line when it is slow.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -487,8 +488,7 @@ class _Planning:
                 undo_pending(i, name)
             pending.pop(name, None)
         chosen, skip = self.guard(good, decisions, skip)
-        for w in self.said:      # what the kept proposals warned of, once (not the ones judged and dropped)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.say()
         return Plan(chosen, decisions, frozenset(skip), partial=self.partial)
 
     def straight_line(self) -> Plan:
@@ -497,18 +497,26 @@ class _Planning:
         merged forward made jit's program 16 KiB bigger, issue 40 finding 4)."""
         decisions: list = []
         skip = {k for k, p in enumerate(self.pipeline) if decided(p)}      # loop rewrites: nothing to rewrite
-        chosen, skip = self.guard(run_passes(self.closed, self.pipeline, strict=self.strict, where=self.where),
-                                  decisions, skip)
+        out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
+        chosen, skip = self.guard(out, decisions, skip)
+        self.say()
+        return Plan(chosen, decisions, frozenset(skip))
+
+    def say(self) -> None:
+        """What the kept program's passes warned of, once (not what proposals judged and dropped warned of)."""
         for w in self.said:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return Plan(chosen, decisions, frozenset(skip))
+
+    @functools.cached_property
+    def inlined(self):
+        """The traced program with its nested calls inlined (what XLA compiles it to anyway)."""
+        inline = [p for p in self.pipeline if base_name(p) == "inline"]
+        return run_passes(self.closed, inline, strict=self.strict, where=self.where) if inline else self.closed
 
     def only_inlined(self, chosen) -> bool:
         """Is `chosen` the traced program with its nested calls inlined, and nothing else? (XLA inlines them
         itself: nothing to measure.)"""
-        inline = [p for p in self.pipeline if base_name(p) == "inline"]
-        return _same(chosen, run_passes(self.closed, inline, strict=self.strict, where=self.where) if inline
-                     else self.closed)
+        return _same(chosen, self.inlined)
 
     def guard(self, chosen, decisions: list, skip: set):
         """The last word: XLA's temp memory of the chosen program against the traced one's, in every view
