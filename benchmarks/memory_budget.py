@@ -14,14 +14,26 @@ length (which needs the trip count known in advance).
 (d) a small ResNet (6 residual blocks of two 3x3 convolutions, 32 channels, GroupNorm, 32x32x3 images, batch
 32) as (a)/(b), and the largest batch whose gradient fits 1 GiB of XLA temp memory, plain and optimized.
 (b') --big: the transformer at issue 30's size (12 blocks, d=256, 8 heads, 4 x 256 tokens).
+(e) --orders (issue 38): one table of both orders of a budget, `jax.grad(optimize(loss, memory=B))` and
+`optimize(jax.value_and_grad(loss), memory=B)`, at 50%, 25% of the plain gradient's temp and "min", on seven
+models (--models mlp,lm,resnet,gpt,unet,lstm,scanlm picks some): whether each meets its budget, what it
+warns, and what its planning costs against a plain compile. --quick: the 50% budget only.
 Run: .venv/bin/python benchmarks/memory_budget.py [--quick] [--while] [--resnet] [--batch] [--grad-first] [--big]
+    [--orders [--models a,b,...]]
 XLA:CPU before jaxlib 0.11 reuses no memory that recomputation frees unless its memory scheduler is on
 (XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false; docs/remat.md): run on the newest JAX.
 """
 import functools
+import math
+import os
+import re
 import sys
+import tempfile
 import time
+import traceback
+import warnings
 
+import equinox as eqx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -319,8 +331,297 @@ def run_while():
               f"{'':26s} {temp(ref, b) / MiB:7.2f} {t[1] * 1e3:7.1f}  {e:.1e}")
 
 
+# ---- (e) --orders: both orders of a budget, on seven models (issue 38) ------------------------
+# The three models above, and four more of the shapes users bring: a GPT in Equinox, a diffusion U-Net,
+# an LSTM whose time loop is a scan, and a transformer whose blocks are one `nn.scan`.
+
+class GPTAttention(eqx.Module):
+    """nanoGPT's CausalSelfAttention, attention written out (q k^T, causal mask, softmax, @ v) as
+    karpathy/nanoGPT model.py does without flash attention; one sequence (T, d), vmapped over the batch."""
+    c_attn: eqx.nn.Linear
+    c_proj: eqx.nn.Linear
+    n_head: int = eqx.field(static=True)
+
+    def __init__(self, d, n_head, key):
+        k1, k2 = jax.random.split(key)
+        self.c_attn, self.c_proj, self.n_head = eqx.nn.Linear(d, 3 * d, key=k1), eqx.nn.Linear(d, d, key=k2), n_head
+
+    def __call__(self, x):
+        T, d = x.shape
+        q, k, v = (a.reshape(T, self.n_head, d // self.n_head).transpose(1, 0, 2)
+                   for a in jnp.split(jax.vmap(self.c_attn)(x), 3, axis=-1))
+        att = q @ k.transpose(0, 2, 1) / math.sqrt(d // self.n_head)
+        att = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((T, T), bool)), att, -jnp.inf), axis=-1)
+        return jax.vmap(self.c_proj)((att @ v).transpose(1, 0, 2).reshape(T, d))
+
+
+class GPTBlock(eqx.Module):
+    ln_1: eqx.nn.LayerNorm
+    attn: GPTAttention
+    ln_2: eqx.nn.LayerNorm
+    c_fc: eqx.nn.Linear
+    c_proj: eqx.nn.Linear
+
+    def __init__(self, d, n_head, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.ln_1, self.ln_2 = eqx.nn.LayerNorm(d), eqx.nn.LayerNorm(d)
+        self.attn = GPTAttention(d, n_head, k1)
+        self.c_fc, self.c_proj = eqx.nn.Linear(d, 4 * d, key=k2), eqx.nn.Linear(4 * d, d, key=k3)
+
+    def __call__(self, x):
+        x = x + self.attn(jax.vmap(self.ln_1)(x))
+        h = jax.vmap(self.c_fc)(jax.vmap(self.ln_2)(x))
+        return x + jax.vmap(self.c_proj)(jax.nn.gelu(h))
+
+
+class GPT(eqx.Module):
+    """karpathy/nanoGPT's GPT (https://github.com/karpathy/nanoGPT/blob/master/model.py: wte + wpe, pre-LN
+    blocks, ln_f, lm_head tied to wte), ported to Equinox here (no dropout; biases kept, nanoGPT's bias=True)."""
+    wte: eqx.nn.Embedding
+    wpe: eqx.nn.Embedding
+    h: list
+    ln_f: eqx.nn.LayerNorm
+
+    def __init__(self, vocab=256, block=128, d=128, n_head=4, n_layer=4, seed=0):
+        keys = jax.random.split(jax.random.PRNGKey(seed), n_layer + 2)
+        self.wte, self.wpe = (eqx.nn.Embedding(weight=0.02 * jax.random.normal(k, (n, d)))   # nanoGPT's init
+                              for k, n in ((keys[0], vocab), (keys[1], block)))
+        self.h = [GPTBlock(d, n_head, k) for k in keys[2:]]
+        self.ln_f = eqx.nn.LayerNorm(d)
+
+    def __call__(self, idx):
+        x = self.wte.weight[idx] + self.wpe.weight[jnp.arange(idx.shape[0])]
+        for blk in self.h:
+            x = blk(x)
+        return jax.vmap(self.ln_f)(x) @ self.wte.weight.T
+
+
+def gpt_setup(batch=8):
+    """4 layers, d=128, 4 heads, block 128, vocabulary 256; params are the model's arrays (`eqx.partition`)."""
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 256, (batch, 129)), np.int32)
+    params, static = eqx.partition(GPT(), eqx.is_array)
+
+    def loss(params, tokens):
+        logits = jax.vmap(eqx.combine(params, static))(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    return params, tokens, {"plain": loss}
+
+
+def timestep_embedding(t, dim):
+    """DDPM's sinusoidal embedding of the diffusion step."""
+    freqs = jnp.exp(-math.log(10000.0) * jnp.arange(dim // 2) / (dim // 2 - 1))
+    args = t.astype(jnp.float32)[:, None] * freqs[None]
+    return jnp.concatenate([jnp.sin(args), jnp.cos(args)], axis=1)
+
+
+class UNetBlock(nn.Module):
+    """DDPM's ResnetBlock: GroupNorm, swish, 3x3 conv, + the projected time embedding, again; a 1x1 conv
+    on the skip where the channels change."""
+    ch: int
+
+    @nn.compact
+    def __call__(self, x, temb):
+        h = nn.Conv(self.ch, (3, 3))(nn.swish(nn.GroupNorm(num_groups=8)(x)))
+        h = h + nn.Dense(self.ch)(nn.swish(temb))[:, None, None, :]
+        h = nn.Conv(self.ch, (3, 3))(nn.swish(nn.GroupNorm(num_groups=8)(h)))
+        return (x if x.shape[-1] == self.ch else nn.Conv(self.ch, (1, 1))(x)) + h
+
+
+class UNet(nn.Module):
+    """A small DDPM U-Net after yang-song/score_sde models/ddpm.py (the Flax port of hojonathanho/diffusion
+    diffusion_tf/models/unet.py): one residual block per level, channels 32/64, two strided-conv downsamplings,
+    two nearest-neighbour upsamplings, skips concatenated, no attention."""
+    chs: tuple = (32, 64)
+
+    @nn.compact
+    def __call__(self, x, t):
+        temb = nn.Dense(4 * self.chs[0])(timestep_embedding(t, self.chs[0]))
+        temb = nn.Dense(4 * self.chs[0])(nn.swish(temb))
+        h = nn.Conv(self.chs[0], (3, 3))(x)
+        hs = []
+        for ch in self.chs:                                   # down: 32x32 -> 16x16 -> 8x8
+            h = UNetBlock(ch)(h, temb)
+            hs.append(h)
+            h = nn.Conv(ch, (3, 3), strides=(2, 2))(h)
+        h = UNetBlock(self.chs[-1])(h, temb)
+        for ch in reversed(self.chs):                         # up: 8x8 -> 16x16 -> 32x32
+            n, hh, ww, c = h.shape
+            h = nn.Conv(ch, (3, 3))(jax.image.resize(h, (n, 2 * hh, 2 * ww, c), "nearest"))
+            h = UNetBlock(ch)(jnp.concatenate([h, hs.pop()], axis=-1), temb)
+        return nn.Conv(x.shape[-1], (3, 3))(nn.swish(nn.GroupNorm(num_groups=8)(h)))
+
+
+def unet_setup(batch=8):
+    """Loss: the MSE of the predicted noise at random steps of a linear 1000-step beta schedule."""
+    r = np.random.RandomState(0)
+    x0, noise = (jnp.asarray(r.randn(batch, 32, 32, 3), np.float32) for _ in range(2))
+    t = jnp.asarray(r.randint(0, 1000, (batch,)), np.int32)
+    abar = jnp.asarray(np.cumprod(1 - np.linspace(1e-4, 0.02, 1000)), np.float32)
+    model = UNet()
+    params = model.init(jax.random.PRNGKey(0), x0[:1], t[:1])
+
+    def loss(params, batch):
+        x0, noise, t = batch
+        a = abar[t][:, None, None, None]
+        return jnp.mean((model.apply(params, jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise, t) - noise) ** 2)
+    return params, (x0, noise, t), {"plain": loss}
+
+
+class LSTMLM(nn.Module):
+    """google/init2winit's LSTM language model (init2winit/model_lib/lstm_lm.py WrappedLSTM: embed, stacked
+    LSTM layers each a scan over time, Dense to the vocabulary), without dropout; nn.RNN is Flax's nn.scan
+    of the cell."""
+    vocab: int = 256
+    hidden: int = 256
+    layers: int = 2
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.hidden)(tokens)
+        for i in range(self.layers):
+            x = nn.RNN(nn.LSTMCell(self.hidden), name=f"lstm_{i}")(x)
+        return nn.Dense(self.vocab)(x)
+
+
+def lstm_setup(batch=16):
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 256, (batch, 129)), np.int32)
+    model = LSTMLM()
+    params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])
+
+    def loss(params, tokens):
+        logits = model.apply(params, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    return params, tokens, {"plain": loss}
+
+
+class ScanBlock(nn.Module):
+    """(b)'s Block in nn.scan's (carry, x) -> (carry, y) form."""
+    d: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x, _):
+        return Block(self.d, self.heads)(x), None
+
+
+class ScanLM(nn.Module):
+    """(b)'s LM with its blocks one `nn.scan` (stacked parameters, one loop), as Flax's examples and
+    MaxText-style models write deep transformers."""
+    vocab: int = 256
+    d: int = 128
+    heads: int = 4
+    layers: int = 4
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.d)(tokens) + self.param("pos", nn.initializers.normal(0.02),
+                                                              (tokens.shape[1], self.d))
+        blocks = nn.scan(ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.layers)
+        x, _ = blocks(self.d, self.heads, name="blocks")(x, None)
+        return nn.Dense(self.vocab)(nn.LayerNorm()(x))
+
+
+def scanlm_setup(batch=8):
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 256, (batch, 129)), np.int32)
+    model = ScanLM()
+    params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])
+
+    def loss(params, tokens):
+        logits = model.apply(params, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    return params, tokens, {"plain": loss}
+
+
+MODELS = {"mlp": mlp_setup, "lm": lm_setup, "resnet": resnet_setup, "gpt": gpt_setup, "unet": unet_setup,
+          "lstm": lstm_setup, "scanlm": scanlm_setup}
+# what a warning must say to name the other order: A's other is optimize(grad), B's is grad(optimize)
+OTHER_ORDER = {"A": re.compile(r"optimize\((jax\.)?(value_and_)?grad"), "B": re.compile(r"grad\(optimize")}
+ERRORS = []                 # (order, budget, the traceback's last lines), printed under the table
+
+
+def compile_order(order, loss, budget, params, batch):
+    """One order's first lower + compile, timed (jaxform plans while tracing, so this includes the plan):
+    (temp bytes or None, seconds, jaxform warnings, error text or None)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        try:
+            f = (jax.value_and_grad(jaxform.optimize(loss, memory=budget)) if order == "A"
+                 else jaxform.optimize(jax.value_and_grad(loss), memory=budget))
+            m = jax.jit(f).lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+            error = None
+        except Exception as e:                              # noqa: BLE001: reported in the table, run goes on
+            m, error = None, f"{type(e).__name__}: {e}"
+            ERRORS.append((order, budget, "".join(traceback.format_exc().splitlines(True)[-6:])))
+        seconds = time.perf_counter() - t0
+    said = [str(w.message) for w in caught if "jaxform" in str(w.message)]
+    return m, seconds, said, error
+
+
+def run_orders(names):
+    """Both orders per model and budget, one table. Budgets are bytes of the plain `jit(value_and_grad)`
+    temp; "min" has no bytes to meet, so its fits column is "-". Warning texts are listed under the table."""
+    budgets = [("50%", 0.5)] + ([] if QUICK else [("25%", 0.25), ("min", None)])
+    notes = []
+    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print("\n(e) both orders: A = jit(value_and_grad(optimize(loss, memory=B))), "
+          "B = jit(optimize(value_and_grad(loss), memory=B)); XLA temp MiB, of plain, budget met, warning "
+          "(w<n>: listed below; '+': it names the other order), plan+compile s and x plain compile")
+    head = (f"{'model':7s} {'budget':>13s} {'plain MiB':>9s} {'plain s':>7s} | "
+            f"{'A MiB':>7s} {'of pl':>5s} {'fits':>4s} {'warn':>5s} {'A s':>6s} {'x':>5s} | "
+            f"{'B MiB':>7s} {'of pl':>5s} {'fits':>4s} {'warn':>5s} {'B s':>6s} {'x':>5s} | {'within10%':>9s} "
+            f"{'worse names better':>18s}")
+    print(head)
+    print("-" * len(head))
+    for name in names:
+        try:
+            params, batch, losses = MODELS[name]()
+            t0 = time.perf_counter()
+            base = jax.jit(jax.value_and_grad(losses["plain"])).lower(params, batch).compile() \
+                .memory_analysis().temp_size_in_bytes
+            plain_s = time.perf_counter() - t0
+        except Exception as e:                              # noqa: BLE001
+            print(f"{name:7s} plain failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        for label, frac in budgets:
+            budget = "min" if frac is None else int(base * frac)
+            cells, got = [], {}
+            for order in ("A", "B"):
+                m, s, said, error = compile_order(order, losses["plain"], budget, params, batch)
+                if error is not None:
+                    cells.append(f"ERROR {error[:100]}")
+                    continue
+                got[order] = (m, said)
+                w = "no"
+                if said:
+                    notes.append(said[0][:200])
+                    w = f"w{len(notes)}" + ("+" if any(OTHER_ORDER[order].search(x) for x in said) else "")
+                fits = "-" if frac is None else "fits" if m <= budget else "OVER"
+                cells.append(f"{m / MiB:7.2f} {m / base:5.0%} {fits:>4s} {w:>5s} {s:6.1f} {s / plain_s:5.1f}")
+            within, names_better = "-", "-"
+            if len(got) == 2:
+                (ma, _), (mb, _) = got["A"], got["B"]
+                within = "yes" if min(ma, mb) >= 0.9 * max(ma, mb) else "no"
+                if within == "no":
+                    worse = "A" if ma > mb else "B"
+                    names_better = "yes" if any(OTHER_ORDER[worse].search(x) for x in got[worse][1]) else "no"
+            blabel = label if frac is None else f"{label} {budget / MiB:.2f}M"
+            print(f"{name:7s} {blabel:>13s} {base / MiB:9.2f} {plain_s:7.1f} | {cells[0]} | {cells[1]} | "
+                  f"{within:>9s} {names_better:>18s}", flush=True)
+    for i, n in enumerate(notes, 1):
+        print(f"w{i}: {n}")
+    for order, budget, tb in ERRORS:
+        print(f"error, order {order}, memory={budget}:\n{tb}")
+
+
 if __name__ == "__main__":
     print(f"jax {jax.__version__}, {jax.default_backend()}")
+    if "--orders" in sys.argv:
+        # planning timed cold, as a first run on a machine pays it: jaxform's measurements cache on disk
+        os.environ.setdefault("JAXFORM_TUNE_CACHE", tempfile.mkdtemp(prefix="jaxform-orders-"))
+        pick = sys.argv[sys.argv.index("--models") + 1].split(",") if "--models" in sys.argv else list(MODELS)
+        run_orders(pick)
+        sys.exit()
     if "--resnet" in sys.argv:
         run("d", resnet_setup)
     if "--big" in sys.argv:

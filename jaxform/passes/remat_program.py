@@ -60,6 +60,8 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
             return graph
     loops = any(n.name in ("scan", "while") for n, _ in graph.walk())
     if loops and (schedule is not None or isinstance(memory, str)):
+        if memory == "min" and schedule is None and is_gradient(graph.to_jaxpr()):
+            decider("loop_budget_check")(graph, memory, None)   # a gradient's loops: nothing "min" can change
         return graph           # "min": remat_loops plans the loops; the straight-line parts stay
     if loops and is_gradient(graph.to_jaxpr()):
         decider("loop_budget_check")(graph, memory, None)   # its loops' residuals are values now: said, not fitted
@@ -138,11 +140,15 @@ def checkpointed(closed, bounds: list[int], policy: str):
     return jax.make_jaxpr(program)(*[_jax.spec_of(a) for a in closed.in_avals])
 
 
-def candidates(closed):
-    """(name, program) for each schedule worth measuring, the likeliest first (a generator: each is
-    traced only when asked for)."""
+def candidates(closed, cheapest_first: bool = False):
+    """(name, program) for each schedule worth measuring, the likeliest to save first, or with
+    cheapest_first the one recomputing least first (matmul results kept; then all but the last of 2, 4, 8,
+    16 segments: half, 3/4, ... of the forward; then all of it), a generator: each is traced only when
+    asked for."""
     n = len(closed.jaxpr.eqns)
-    order = [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
+    order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
+        if cheapest_first else \
+        [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
     seen = set()
     for policy, k in order:
         if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:

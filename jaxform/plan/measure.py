@@ -88,6 +88,15 @@ class Budget:
             self.exhausted = True
         return not self.exhausted
 
+    def merge(self, other: "Budget") -> None:
+        """Count what `other` (one part of a plan) spent as this one's, and share what it measured."""
+        self.spent += other.spent
+        self.compiles += other.compiles
+        self.timed += other.timed
+        self.from_cache += other.from_cache
+        self.exhausted |= other.exhausted
+        self._memo.update(other._memo)
+
     def __str__(self) -> str:
         return (f"{self.compiles} candidate program(s) compiled, {self.timed} pair(s) timed, "
                 f"{self.from_cache} answer(s) from the cache, {self.spent:.2f} s measuring"

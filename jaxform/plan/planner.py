@@ -35,7 +35,7 @@ import logging
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import jax
@@ -46,7 +46,7 @@ from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
-from .use import HYPOTHETICAL_GRAD, UNKNOWN, Use, gradient_program
+from .use import FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -117,10 +117,12 @@ class Decision:
     why: str
     measured: tuple | None = None      # (seconds before, seconds after) where they were timed
     big: bool = False                  # kept for a big win (`big_win`): memory halved or 1.25x faster
+    use: str = ""                      # the use it was judged for, where a plan joins two (`_plan_each_use`)
 
     def __str__(self) -> str:
         verdict = "kept" if self.kept else "rejected"
-        return f"{self.pass_name}: {verdict} ({self.why}); {self.before} -> {self.after}"
+        return f"{self.pass_name}: {verdict}{f' for {self.use}' if self.use else ''} ({self.why}); " \
+               f"{self.before} -> {self.after}"
 
 
 @dataclass
@@ -237,8 +239,10 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
     p, b = plain[a.view], before[a.view]
     if isinstance(memory, (int, float)) and not isinstance(memory, bool) and a.temp_bytes <= memory:
         return True, "fits the byte budget"
-    if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes:
+    if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes and memory != "auto":
         return True, "less gradient memory, back within the program as traced"   # an earlier rewrite counted on it
+    # (under "auto" such a schedule is timed like any other: if it is slower, the rewrite that counted on it is
+    # undone with it, `_Planning.run`'s pending)
     back_within = b.temp_bytes > p.temp_bytes and a.temp_bytes < b.temp_bytes
     if not (_less(b.temp_bytes, a.temp_bytes) or back_within or
             (memory == "min" and a.temp_bytes <= b.temp_bytes + _slack(b.temp_bytes))):
@@ -338,16 +342,21 @@ def _key(closed):
 # ---- planning ---------------------------------------------------------------------------------------
 
 def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = False, where: str = "",
-         tune: bool = False, example_args=None, use: Use = UNKNOWN) -> Plan:
+         tune: bool = False, example_args=None, use: Use = UNKNOWN, each_use: bool = True) -> Plan:
     """Run `pipeline` over `closed`, keeping each deciding pass's proposal only where it pays for `use`.
 
     A proposal rejected for memory an earlier pass won is tried once more without that pass (the seed's
     sin/cos: batching `cos(xs)` pays only if the loss is not fused into the loop): the two programs are
-    judged like any proposal, the alternative giving back the memory.
+    judged like any proposal, the alternative giving back the memory. Under an unknown use, the forward
+    and the gradient are planned apart and joined (`_plan_each_use`) unless each_use=False.
     """
     t0 = time.perf_counter()
     loops = _cost.has_loops(Graph.from_jaxpr(closed))
     use_unknown, guessed = not use.known, not use.known and _is_gradient(closed)
+    if use_unknown and each_use and loops and not guessed and memory in (None, "auto") and \
+            not _measure.impure(closed):
+        return _plan_each_use(closed, pipeline, memory=memory, strict=strict, where=where, tune=tune,
+                              example_args=example_args)
     if guessed:
         use = FORWARD_OF_GRADIENT     # `optimize(jax.grad(f))`: what runs is this program, not its own gradient
     # the machine is asked only where it is the one planned for (`planning_for("gpu")` on a CPU: the model)
@@ -366,6 +375,46 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
         log.warning("jaxform: planning %s for %s took %.1f s: %s", where or "a program", use.label, out.seconds,
                     budget)
     return out
+
+
+def _plan_each_use(closed, pipeline, **kw) -> Plan:
+    """A jit trace hides the use (`plan.use`), so plan the forward and the gradient (w.r.t. the first
+    argument, as `jax.grad`; else every float input) apart, and join them: the forward plan runs, its
+    derivatives are the gradient plan's (`with_derivatives_of`). A call that runs forward only pays nothing
+    for a gradient it never takes (the sin/cos forward keeps the fusion its gradient refuses), and a
+    gradient keeps its own wins. The join passes the final guard (forward, and every derivative `jax.jit`
+    could take, to the byte); where it is bigger, the derivatives are the traced program's; where that is
+    bigger still, one plan judges both views together (`each_use=False`)."""
+    t0 = time.perf_counter()
+    first = _cost.first_argument()
+    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
+    wrt = tuple(i for i in (first if first is not None else floats) if i in floats) or tuple(floats)
+    fwd = plan(closed, pipeline, use=FORWARD, **kw)
+    grd = plan(closed, pipeline, use=Use((("grad", wrt),)), **kw) if gradient_program(closed, wrt) else None
+    decisions = [replace(d, use="forward") for d in fwd.decisions] + \
+        ([replace(d, use="the gradient") for d in grd.decisions] if grd else [])
+    budget = _measure.Budget(math.inf)
+    for part in (fwd, grd):
+        if part is not None:
+            budget.merge(part.budget)
+    measuring = kw.get("tune") or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
+    check = _Planning(closed, list(pipeline), kw["memory"], kw["strict"], kw["where"],
+                      _Costs(UNKNOWN, budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
+    joins = [(fwd.closed, "the forward plan (the gradient plan is the same program)")] if grd is None or \
+        _same(fwd.closed, grd.closed) else \
+        [(with_derivatives_of(fwd.closed, closed, grd.closed, wrt),
+          "the forward plan, its derivatives the gradient plan's (w.r.t. what it was planned for; others as traced)"),
+         (with_derivatives_of(fwd.closed, closed), "the forward plan, its derivatives as traced")]
+    refused = ""
+    for joined, how in joins:
+        over = None if not measuring or check.only_inlined(joined) else check.bigger(joined)
+        if over is None:
+            if decisions:
+                decisions.append(Decision("planner", True, check.plain, check.plain, how + refused,
+                                          use="a jit trace's unknown use"))
+            return Plan(joined, decisions, use=UNKNOWN, budget=budget, seconds=time.perf_counter() - t0)
+        refused += f" (with the gradient plan's: {over})"
+    return plan(closed, pipeline, use=UNKNOWN, each_use=False, **kw)
 
 
 class _Planning:
@@ -458,6 +507,8 @@ class _Planning:
             keep, why, before, after, measured = self.judged(i, good, cand, name)
             if not keep and why.startswith("more grad") and name not in MEMORY_PASSES:
                 keep, why = self.after_memory_planning(i, good, cand, keep, why)
+                if keep:     # kept for the memory planning to come: undone if that is not kept
+                    pending.update({base_name(q): i for q in pipeline[i + 1:] if base_name(q) in MEMORY_PASSES})
             if not keep and name in ENABLES:
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
                 if keep:
