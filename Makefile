@@ -27,7 +27,7 @@ LATEST ?= .venv-jax-latest
 test-jax-latest:
 	PY313_DIR=$(PY313) bash $(TOOLS)/py313.sh $(PY313) >/dev/null
 	PY313_DIR=$(PY313) bash $(TOOLS)/jax-latest-env.sh $(LATEST) . >/dev/null
-	$(LATEST)/bin/python -m pytest -n 2 -q -m "not slow" --ignore=tests/frontends   # .ci/pymc6.sh runs those on the newest JAX
+	$(LATEST)/bin/python -m pytest -n 2 -q -m "not slow and not heavy" --ignore=tests/frontends   # .ci/pymc6.sh runs those; heavy: tests/durations.txt
 
 # The loop-pass tests with JAX's loops on refs turned on (jax_scan3 + jax_remat3, JAX 0.12's opt-in flags), in the
 # newest-JAX env that test-jax-latest builds (LATEST=... to use another). The other loop-pass files differentiate and

@@ -183,11 +183,13 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
              max_steps: int | None = None, plan: bool | None = None) -> Callable:
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
-    The default pipeline is planned (`jaxform.plan`, docs/planner.md): each loop rewrite a pass
-    proposes is kept only if one cost model predicts the program no bigger (XLA temp memory,
-    forward and under `grad`) and no slower than before it; with `memory="auto"`, `"min"` or a
-    budget, loop memory planning then trades time for gradient memory as asked. So the objective is:
-    `memory=None`: fastest without growing memory; `"auto"`/bytes: fastest within the budget.
+    The default pipeline is planned (`jaxform.plan`, docs/planner.md) for the use the call is traced
+    under (forward, `jax.grad`, `jax.vmap`, `jax.jvp`; under a bare `jax.jit` the forward and the gradient
+    apart, joined): each loop rewrite a pass proposes is kept only where XLA measures the program no
+    bigger (temp memory) and no slower (timed where the cost model cannot tell) than before it; with
+    `memory="auto"`, `"min"` or a budget, memory planning then trades time for gradient memory as asked.
+    So the objective is: `memory=None`: fastest without growing memory; `"auto"`/bytes: fastest within
+    the budget.
 
     passes: a pass name or callable, or a sequence of them (default: the `passes.DEFAULT` pipeline).
     exact: keep only passes registered exact, i.e. that never change a value computed

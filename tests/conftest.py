@@ -21,6 +21,30 @@ if os.environ.get("JAXFORM_TEST_SCAN3") == "1":
         jax.config.update(_flag, True)
 
 
+SLOW_SECONDS, HEAVY_SECONDS = 20.0, 5.0     # by tests/durations.txt (measured): the long tier; left out of newest-JAX
+
+
+def _measured() -> dict:
+    here = os.path.join(os.path.dirname(__file__), "durations.txt")
+    with open(here) as f:
+        return {p[1]: float(p[0]) for line in f if not line.startswith("#") and len(p := line.split()) == 2}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark tests by their measured time (tests/durations.txt): `slow` from SLOW_SECONDS (the long tier, `make
+    test-slow`), `heavy` from HEAVY_SECONDS (`make test-jax-latest` leaves these out: the JAX 0.10.2 tier ran
+    them; the newest JAX gets every test under 5 s, its adapters are exercised there). Keeps CI under an hour."""
+    import pytest
+    seconds = _measured()
+    for item in items:
+        t = seconds.get(item.nodeid)
+        if t is not None and t >= SLOW_SECONDS and not item.nodeid.startswith("tests/plan/"):   # (the planner's
+            # own verdicts stay in the fast tier, however long)
+            item.add_marker(pytest.mark.slow)
+        if t is not None and t >= HEAVY_SECONDS:
+            item.add_marker(pytest.mark.heavy)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """Print the fuzzing report (tests/fuzz/report.py). Here, not in tests/fuzz/conftest.py: under
     pytest-xdist the controller does not collect, so it only loads the conftest files of its arguments."""

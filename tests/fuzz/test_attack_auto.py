@@ -62,24 +62,12 @@ def device_for(budget, args) -> int:
     return int((budget + 2 * ins) / AUTO_SHARE) + 1
 
 
-def desc(tree):
-    return [(x.dtype, x.shape, _jax.get_aval(x).weak_type) for x in jax.tree_util.tree_leaves(tree)]
+from fuzz.test_attack_recompute import close, desc  # noqa: E402,F401 (the first attack's comparisons)
 
 
 def bits(tree):
     return [(np.asarray(x).dtype, np.shape(x), np.asarray(x).tobytes(), _jax.get_aval(x).weak_type)
             for x in jax.tree_util.tree_leaves(tree)]
-
-
-def close(a, b, rtol=1e-5):
-    """Same dtypes, shapes, weak types; same NaN/inf pattern; finite values close."""
-    assert desc(a) == desc(b)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        np.testing.assert_array_equal(np.isnan(x), np.isnan(y))
-        np.testing.assert_array_equal(np.isinf(x), np.isinf(y))
-        fin = np.isfinite(x)
-        np.testing.assert_allclose(x[fin], y[fin], rtol=rtol, atol=rtol)
 
 
 def jaxform_warnings(w):
