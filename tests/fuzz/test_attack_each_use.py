@@ -14,7 +14,7 @@ or later arguments (`eval_shape` and the gradients' weak types); complex paramet
 `hessian`, `vmap` with in_axes on various arguments, `vmap(grad)`, `grad(vmap)`, grad of grad; `jax.linearize`
 + `jax.linear_transpose`, and `linear_transpose` of a linear scan directly; `custom_vjp` and `custom_jvp`
 (a straight-through estimator) inside the scan body; typed and raw PRNG keys as arguments, carries and outputs
-(and vmapped over); `jax.debug.callback` in the body and in a `custom_vjp`'s fwd/bwd (same count and order as
+(and vmapped over; joined on JAX 0.10, one program for both uses on 0.12); `jax.debug.callback` in the body and in a `custom_vjp`'s fwd/bwd (same count and order as
 plain JAX: such programs are not split); memory=None, "auto", "min" and a byte budget; static_argnums (first
 argument static or not); closures over traced values (outer grad, outer jit); nested `optimize`, also
 `optimize(jax.jit(optimize(f)))`; `jax.checkpoint` (with a `save_only_these_names` policy) around the call;
@@ -474,7 +474,8 @@ def test_rng_keys_as_arguments_and_carries(typed):
     assert ko.dtype == kp.dtype and bits(jax.random.key_data(ko) if typed else ko) == \
         bits(jax.random.key_data(kp) if typed else kp)
     assert_close(lo, lp)
-    assert JOINED in said(of), said(of)
+    # joined on JAX 0.10 (the gradient plan differs); on 0.12 both plans are one program: compared all the same
+    assert JOINED in said(of) or "the gradient plan is the same program" in said(of), said(of)
     loss = lambda g: (lambda *a: g(*a)[0])   # noqa: E731
     go, gp = jax.grad(loss(opt)), jax.grad(loss(pl))
     assert_close(go(w, key, xs, h0), gp(w, key, xs, h0))
