@@ -518,14 +518,14 @@ class _Planning:
                 alt, alt_said = self.propose(self.closed, [q for k, q in enumerate(pipeline[:i + 1])
                                                            if k not in skip | {j}])
                 if not _same(alt, good):
-                    k2, why2, _, after2, m2 = self.judged(i, good, alt, name)
+                    k2, why2, before2, after2, m2 = self.judged(i, good, alt, name)
                     if k2:
-                        decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, before, after2,
+                        decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, before2, after2,
                                                   f"undone for {name}: {why2}"))
                         skip.add(j)
                         won.remove(j)
-                        keep, why, after, cand, measured = True, f"instead of {base_name(pipeline[j])}: {why2}", \
-                            after2, alt, m2
+                        keep, why, before, after, cand, measured = \
+                            True, f"instead of {base_name(pipeline[j])}: {why2}", before2, after2, alt, m2
                         self.said = list(alt_said)     # the whole pipeline so far, replayed without j
             decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured,
                                       keep and big_win(before, after)))
