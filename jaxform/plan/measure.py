@@ -88,15 +88,6 @@ class Budget:
             self.exhausted = True
         return not self.exhausted
 
-    def merge(self, other: "Budget") -> None:
-        """Count what `other` (one part of a plan) spent as this one's, and share what it measured."""
-        self.spent += other.spent
-        self.compiles += other.compiles
-        self.timed += other.timed
-        self.from_cache += other.from_cache
-        self.exhausted |= other.exhausted
-        self._memo.update(other._memo)
-
     def __str__(self) -> str:
         return (f"{self.compiles} candidate program(s) compiled, {self.timed} pair(s) timed, "
                 f"{self.from_cache} answer(s) from the cache, {self.spent:.2f} s measuring"
@@ -233,7 +224,7 @@ def impure(closed) -> bool:
     return bool(closed.effects) or any(is_impure(n, memo) for n, _ in Graph.from_jaxpr(closed).walk())
 
 
-def _has_while(closed) -> bool:
+def has_while(closed) -> bool:
     return any(n.name == "while" for n, _ in Graph.from_jaxpr(closed).walk())
 
 
@@ -272,7 +263,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
     if not budget.allows():
         return None if hit is None or "seconds" not in hit else tuple(hit["seconds"])
     args, real = _inputs(before, example_args)
-    if args is None or not real and (_has_while(before) or _has_while(after)):
+    if args is None or not real and (has_while(before) or has_while(after)):
         return None if hit is None or "seconds" not in hit else tuple(hit["seconds"])
     try:
         with jax.ensure_compile_time_eval():    # run here, even while an enclosing jit traces the call

@@ -354,7 +354,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     loops = _cost.has_loops(Graph.from_jaxpr(closed))
     use_unknown, guessed = not use.known, not use.known and _is_gradient(closed)
     if use_unknown and each_use and loops and not guessed and memory in (None, "auto") and \
-            not _measure.impure(closed):
+            not _measure.impure(closed) and not _measure.has_while(closed):   # (while_grad: its gradient is planned)
         return _plan_each_use(closed, pipeline, memory=memory, strict=strict, where=where, tune=tune,
                               example_args=example_args)
     if guessed:
@@ -378,42 +378,29 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
 
 
 def _plan_each_use(closed, pipeline, **kw) -> Plan:
-    """A jit trace hides the use (`plan.use`), so plan the forward and the gradient (w.r.t. the first
-    argument, as `jax.grad`; else every float input) apart, and join them: the forward plan runs, its
-    derivatives are the gradient plan's (`with_derivatives_of`). A call that runs forward only pays nothing
-    for a gradient it never takes (the sin/cos forward keeps the fusion its gradient refuses), and a
-    gradient keeps its own wins. The join passes the final guard (forward, and every derivative `jax.jit`
-    could take, to the byte); where it is bigger, the derivatives are the traced program's; where that is
-    bigger still, one plan judges both views together (`each_use=False`)."""
+    """A jit trace hides the use (`plan.use`), so plan the forward alone and give it the traced program's
+    derivatives (`with_derivatives_of`): a call that runs forward only pays nothing for a gradient it never
+    takes (the sin/cos forward keeps the fusion its gradient refuses), and every derivative JAX takes of it
+    (`jax.grad(jax.jit(f), argnums=k)`, `jax.jvp`, second order) is plain `jax.jit`'s. (A gradient plan
+    joined by which tangents move was tried: a JVP rule cannot tell forward from reverse mode, and forward
+    mode w.r.t. the first argument then ran the gradient plan, 14x plain's bytes under `jax.grad` of it.)
+    The join passes the final guard (forward, and every derivative `jax.jit` could take, to the byte); where
+    it is bigger, one plan judges both views together (`each_use=False`). To plan a gradient, trace it inside
+    the jit: `jax.jit(jax.grad(optimize(f)))`."""
     t0 = time.perf_counter()
-    first = _cost.first_argument()
-    floats = [i for i, a in enumerate(closed.in_avals) if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)]
-    wrt = tuple(i for i in (first if first is not None else floats) if i in floats) or tuple(floats)
     fwd = plan(closed, pipeline, use=FORWARD, **kw)
-    grd = plan(closed, pipeline, use=Use((("grad", wrt),)), **kw) if gradient_program(closed, wrt) else None
-    decisions = [replace(d, use="forward") for d in fwd.decisions] + \
-        ([replace(d, use="the gradient") for d in grd.decisions] if grd else [])
-    budget = _measure.Budget(math.inf)
-    for part in (fwd, grd):
-        if part is not None:
-            budget.merge(part.budget)
+    decisions = [replace(d, use="forward") for d in fwd.decisions]
     measuring = kw.get("tune") or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
     check = _Planning(closed, list(pipeline), kw["memory"], kw["strict"], kw["where"],
-                      _Costs(UNKNOWN, budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
-    joins = [(fwd.closed, "the forward plan (the gradient plan is the same program)")] if grd is None or \
-        _same(fwd.closed, grd.closed) else \
-        [(with_derivatives_of(fwd.closed, closed, grd.closed, wrt),
-          "the forward plan, its derivatives the gradient plan's (w.r.t. what it was planned for; others as traced)"),
-         (with_derivatives_of(fwd.closed, closed), "the forward plan, its derivatives as traced")]
-    refused = ""
-    for joined, how in joins:
-        over = None if not measuring or check.only_inlined(joined) else check.bigger(joined)
-        if over is None:
-            if decisions:
-                decisions.append(Decision("planner", True, check.plain, check.plain, how + refused,
-                                          use="a jit trace's unknown use"))
-            return Plan(joined, decisions, use=UNKNOWN, budget=budget, seconds=time.perf_counter() - t0)
-        refused += f" (with the gradient plan's: {over})"
+                      _Costs(UNKNOWN, fwd.budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
+    if check.only_inlined(fwd.closed):
+        return Plan(fwd.closed, decisions, use=UNKNOWN, budget=fwd.budget, seconds=time.perf_counter() - t0)
+    joined = with_derivatives_of(fwd.closed, closed)
+    over = check.bigger(joined) if measuring else None
+    if over is None:
+        decisions.append(Decision("planner", True, check.plain, check.plain, "the forward plan, its derivatives "
+                                  "as traced", use="a jit trace's unknown use"))
+        return Plan(joined, decisions, use=UNKNOWN, budget=fwd.budget, seconds=time.perf_counter() - t0)
     return plan(closed, pipeline, use=UNKNOWN, each_use=False, **kw)
 
 
