@@ -184,8 +184,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
     """Optimize `fn` with jaxform passes; a drop-in wrapper like `jax.jit`.
 
     The default pipeline is planned (`jaxform.plan`, docs/planner.md) for the use the call is traced
-    under (forward, `jax.grad`, `jax.vmap`, `jax.jvp`; under a bare `jax.jit` the forward and the gradient
-    apart, joined): each loop rewrite a pass proposes is kept only where XLA measures the program no
+    under (forward, `jax.grad`, `jax.vmap`, `jax.jvp`; under a bare `jax.jit` the forward, its derivatives
+    as traced): each loop rewrite a pass proposes is kept only where XLA measures the program no
     bigger (temp memory) and no slower (timed where the cost model cannot tell) than before it; with
     `memory="auto"`, `"min"` or a budget, memory planning then trades time for gradient memory as asked.
     So the objective is: `memory=None`: fastest without growing memory; `"auto"`/bytes: fastest within
