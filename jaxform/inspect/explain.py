@@ -134,8 +134,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         Each loop's schedule, predicted bytes and recompute factor are reported.
     progress: print long steps (compile, measurement) on stderr.
     plan: plan the pipeline (default: only the default one), as `optimize(plan=...)`.
-    for_use: the `plan.Use` to plan for (default: forward and gradient, as `jax.jit(optimize(fn))` is planned,
-        where nothing tells how the result will be used).
+    for_use: the `plan.Use` to plan for (default: as `jax.jit(optimize(fn))` is planned, where nothing tells
+        how the result will be used: the forward alone, its derivatives as traced; docs/planner.md).
     """
     settings = getattr(fn, "jaxform_settings", None)
     max_steps = None

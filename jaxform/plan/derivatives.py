@@ -18,14 +18,23 @@ from .. import _jax
 
 
 def with_derivatives_of(chosen, traced):
-    """A jaxpr that computes `chosen` and whose JVP (and so VJP, grad, jacfwd, hessian) is `traced`'s."""
+    """A jaxpr that computes `chosen` and whose JVP (and so VJP, grad, jacfwd, hessian) is `traced`'s. Only
+    the inputs that carry tangents are differentiated (symbolic zeros stay zeros): an instantiated zero
+    tangent times an inf partial is a NaN that plain JAX's JVP never makes (an attack: NaN where plain's
+    tangent of the initial state was finite)."""
     @jax.custom_jvp
     def planned(*args):
         return _jax.eval_jaxpr(chosen, *args)
 
-    @planned.defjvp
     def as_traced(primals, tangents):
-        return jax.jvp(lambda *a: _jax.eval_jaxpr(traced, *a), primals, tangents)
+        moving = [i for i, t in enumerate(tangents) if not isinstance(t, jax.custom_derivatives.SymbolicZero)]
 
+        def of(*m):
+            full = list(primals)
+            for i, v in zip(moving, m):
+                full[i] = v
+            return _jax.eval_jaxpr(traced, *full)
+        return jax.jvp(of, tuple(primals[i] for i in moving), tuple(tangents[i] for i in moving))
+
+    planned.defjvp(as_traced, symbolic_zeros=True)
     return jax.make_jaxpr(planned)(*[_jax.spec_of(a) for a in chosen.in_avals])
-

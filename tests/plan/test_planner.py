@@ -291,6 +291,9 @@ def test_planning_for_is_scoped_and_keys_the_cache():
             pass
 
 
+GRAD = Use((("grad", None),))    # the gradient of every float input (explain's default is a jit trace's: forward)
+
+
 def test_gpu_auto_memory_costs_no_time(model_only):
     """dynamax's Kalman filter (tests/passes/test_fusion_real.py): remat of its 2 KiB of residuals ran the
     gradient 1.85x slower on an H200 (0.54x plain); "auto" does not pay time for memory, "min" does."""
@@ -298,5 +301,6 @@ def test_gpu_auto_memory_costs_no_time(model_only):
     loss, args = kalman_filter()
     for backend, memory, verdict in (("gpu", "auto", "rejected"), ("cpu", "auto", "kept"), ("gpu", "min", "kept")):
         with cost.planning_for(backend):
-            d = {x.split("(")[0]: x for x in jaxform.explain(loss, *args, memory=False, loop_memory=memory).decisions}
+            d = {x.split("(")[0]: x for x in jaxform.explain(loss, *args, memory=False, loop_memory=memory,
+                                                             for_use=GRAD).decisions}
         assert verdict in d["remat_loops"], (backend, memory, d["remat_loops"])
