@@ -116,22 +116,7 @@ def opt_rnn():
 PLAIN_RNN = jax.jit(rnn)
 
 
-def kalman(params, ys):
-    """A linear-Gaussian Kalman filter's log-likelihood and filtered means: adapted from dynamax
-    (probml/dynamax, dynamax/linear_gaussian_ssm/inference.py, `lgssm_filter`), as tests/plan/programs.py."""
-    F, Q, Hm, R, m0, P0 = params
-
-    def step(carry, y):
-        ll, m, P = carry
-        S = Hm @ P @ Hm.T + R
-        K = jnp.linalg.solve(S, Hm @ P).T
-        r = y - Hm @ m
-        ll = ll - 0.5 * (r @ jnp.linalg.solve(S, r) + jnp.linalg.slogdet(S)[1])
-        m, P = m + K @ r, P - K @ S @ K.T
-        return (ll, F @ m, F @ P @ F.T + Q), m
-
-    (ll, _, _), means = lax.scan(step, (0.0, m0, P0), ys)
-    return ll, means
+from plan.programs import kalman  # noqa: E402 (dynamax's lgssm_filter, adapted there)
 
 
 def kalman_args():
