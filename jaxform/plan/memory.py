@@ -255,9 +255,7 @@ def _other_order(closed, memory, reached: int) -> str:
     gradient program (`jax.grad`'s, the first argument's where known) with its residuals recomputed in its
     backward (`recompute_choice`). Said only where it is 10% less than `reached` (issue 38: the LM at 25%
     reached 23.00 MiB this way and 18.07 MiB the other)."""
-    wrt = cost.first_argument()
-    floats = [i for i in wrt if jax.numpy.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
-    gp = cost.gradient_program(closed, wrt=floats or None)
+    gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None)
     if gp is None:
         return ""
     with warnings.catch_warnings():
@@ -302,11 +300,16 @@ def user_grad_temp(closed) -> int | None:
     return xla_grad_temp(closed) if got is None else got
 
 
+def _first_argument_floats(closed) -> list:
+    """The float inputs of the first argument, where `optimize` told the planner which inputs those are."""
+    wrt = cost.first_argument()
+    return [i for i in wrt if jax.numpy.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
+
+
 def first_argument_grad_temp(closed) -> int | None:
     """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
     `optimize` told the planner which inputs those are and they are not all of them; else None."""
-    wrt = cost.first_argument()
-    floats = [i for i in wrt if jax.numpy.issubdtype(closed.in_avals[i].dtype, np.inexact)] if wrt else []
+    floats = _first_argument_floats(closed)
     if not floats or len(floats) == sum(jax.numpy.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
         return None
     gp = cost.gradient_program(closed, wrt=floats)

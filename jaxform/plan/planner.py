@@ -117,7 +117,7 @@ class Decision:
     why: str
     measured: tuple | None = None      # (seconds before, seconds after) where they were timed
     big: bool = False                  # kept for a big win (`big_win`): memory halved or 1.25x faster
-    use: str = ""                      # the use it was judged for, where a plan joins two (`_plan_each_use`)
+    use: str = ""                      # the use it was judged for, where it is not the plan's (`_plan_each_use`)
 
     def __str__(self) -> str:
         verdict = "kept" if self.kept else "rejected"
@@ -347,8 +347,8 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
 
     A proposal rejected for memory an earlier pass won is tried once more without that pass (the seed's
     sin/cos: batching `cos(xs)` pays only if the loss is not fused into the loop): the two programs are
-    judged like any proposal, the alternative giving back the memory. Under an unknown use, the forward
-    and the gradient are planned apart and joined (`_plan_each_use`) unless each_use=False.
+    judged like any proposal, the alternative giving back the memory. Under an unknown use, the forward is
+    planned alone, its derivatives as traced (`_plan_each_use`), unless each_use=False.
     """
     t0 = time.perf_counter()
     loops = _cost.has_loops(Graph.from_jaxpr(closed))
@@ -359,8 +359,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
                               example_args=example_args)
     if guessed:
         use = FORWARD_OF_GRADIENT     # `optimize(jax.grad(f))`: what runs is this program, not its own gradient
-    # the machine is asked only where it is the one planned for (`planning_for("gpu")` on a CPU: the model)
-    measuring = tune or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
+    measuring = _measuring(tune)
     # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
     budget = _measure.Budget(math.inf if tune else None)
     costs = _Costs(use, budget, example_args, measuring, tune)
@@ -377,6 +376,11 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     return out
 
 
+def _measuring(tune: bool) -> bool:
+    """Is the machine asked? Only where it is the one planned for (`planning_for("gpu")` on a CPU: the model)."""
+    return tune or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
+
+
 def _plan_each_use(closed, pipeline, **kw) -> Plan:
     """A jit trace hides the use (`plan.use`), so plan the forward alone and give it the traced program's
     derivatives (`with_derivatives_of`): a call that runs forward only pays nothing for a gradient it never
@@ -390,7 +394,7 @@ def _plan_each_use(closed, pipeline, **kw) -> Plan:
     t0 = time.perf_counter()
     fwd = plan(closed, pipeline, use=FORWARD, **kw)
     decisions = [replace(d, use="forward") for d in fwd.decisions]
-    measuring = kw.get("tune") or (_measure.enabled() and _cost.machine() is _cost.machine(jax.default_backend()))
+    measuring = _measuring(kw["tune"])
     check = _Planning(closed, list(pipeline), kw["memory"], kw["strict"], kw["where"],
                       _Costs(UNKNOWN, fwd.budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
     if check.only_inlined(fwd.closed):

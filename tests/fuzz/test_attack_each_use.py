@@ -132,12 +132,7 @@ def opt_kalman():
     return of, jax.jit(of)
 
 
-def rnn_mse(w, xs, t):
-    def cell(h, x):
-        h = jnp.tanh(h @ w + x)
-        return h, h
-    _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:]), xs)
-    return jnp.mean((ys - t) ** 2)
+from plan.programs import rnn_mse  # noqa: E402 (the README's RNN + MSE)
 
 
 def rnn_mse_args(L=60, B=4, H=16):
@@ -402,6 +397,17 @@ def clip_gradient(x):
 clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1e-3, 1e-3),))
 
 
+def rnn_through(op):
+    """An RNN whose loss sums its states, each state passed through `op` (a custom rule, a callback)."""
+    def f(w, xs, h0):
+        def cell(h, x):
+            h = op(jnp.tanh(h @ w + x))
+            return h, h
+        h, hs = lax.scan(cell, h0, xs)
+        return jnp.sum(hs ** 2) + jnp.sum(h)
+    return f
+
+
 @jax.custom_jvp
 def ste_round(x):
     return jnp.round(x * 4) / 4
@@ -412,12 +418,7 @@ ste_round.defjvp(lambda p, t: (ste_round(p[0]), 3.0 * t[0]))     # a straight-th
 
 @pytest.mark.parametrize("op", [clip_gradient, ste_round], ids=["custom_vjp", "custom_jvp"])
 def test_custom_derivatives_in_the_body(op):
-    def f(w, xs, h0):
-        def cell(h, x):
-            h = op(jnp.tanh(h @ w + x))
-            return h, h
-        h, hs = lax.scan(cell, h0, xs)
-        return jnp.sum(hs ** 2) + jnp.sum(h)
+    f = rnn_through(op)
     w, _, xs, h0 = rnn_args()
     of = jaxform.optimize(f)
     opt, pl = jax.jit(of), jax.jit(f)
@@ -527,12 +528,7 @@ def _print_in_body(h):
 
 @pytest.mark.parametrize("where", [tap, _print_in_body], ids=["custom_vjp fwd/bwd", "scan body"])
 def test_callbacks_keep_count_and_order(where):
-    def f(w, xs, h0):
-        def cell(h, x):
-            h = where(jnp.tanh(h @ w + x))
-            return h, h
-        h, hs = lax.scan(cell, h0, xs)
-        return jnp.sum(hs ** 2) + jnp.sum(h)
+    f = rnn_through(where)
     w, _, xs, h0 = rnn_args(T=6, B=2, H=8)
     opt = jax.jit(jaxform.optimize(f))
     hs, seen = jnp.stack([h0, h0 + 1]), 0
