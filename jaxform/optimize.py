@@ -278,13 +278,15 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             args_leaves[:] = [leaves]
             first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
             asked = None
-            if use is not None and use.known and use.steps and isinstance(use.steps[0], tuple) and use.steps[0][0] == "grad":
+            known = use is not None and use.known and bool(use.steps) and isinstance(use.steps[0], tuple) and \
+                use.steps[0][0] == "grad"
+            if known:
                 wrt = use.steps[0][1]
                 if first is None or set(wrt) != set(first):   # argnums other than the default
                     first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
             sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
             starts = [sum(sizes[:k]) for k in range(len(sizes))]
-            with _plan.cost.first_argument_is(first, asked), \
+            with _plan.cost.first_argument_is(first, asked, known), \
                     _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
@@ -321,13 +323,14 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         n = len(traced)
         use2 = _plan.use_of(list(traced) + list(args_leaves[0]))
         grad = next((s for s in use2.steps if isinstance(s, tuple) and s[0] == "grad"), None) if use2.known else None
-        first, asked = _plan.cost.first_argument(), _plan.cost.asked_gradient()
+        first, asked, known = _plan.cost.first_argument(), _plan.cost.asked_gradient(), _plan.cost.gradient_known()
         if grad is not None and any(i < n for i in grad[1]):
-            first, asked = grad[1], "the gradient jax.grad takes here (w.r.t. the values the function closes over)"
+            first, asked, known = grad[1], "the gradient jax.grad takes here (w.r.t. the values the function closes " \
+                                           "over)", True
         elif first is not None:
             first = [i + n for i in first]
         groups = [range(0, n)] + [range(r.start + n, r.stop + n) for r in _plan.cost.arguments()]
-        with _plan.cost.first_argument_is(first, asked), _plan.cost.arguments_are(groups), _jax.classic_loops():
+        with _plan.cost.first_argument_is(first, asked, known), _plan.cost.arguments_are(groups), _jax.classic_loops():
             chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=None, use=use2)
         decisions[:] = chosen.decisions

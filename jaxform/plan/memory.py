@@ -200,28 +200,34 @@ def choose(closed, memory, asked: str | None = None):
     own, stop = recompute_choice(closed, memory, asked)
     if own is not None or stop:
         return own
-    plain = xla_grad_temp(closed)
+    # traced under the gradient (`cost.gradient_known`): that one is all this trace runs, the only one compiled
+    measure = user_grad_temp if cost.gradient_known() and _first_argument_floats(closed) else xla_grad_temp
+    plain = measure(closed)
     if plain is None:
         return None
-    plain_user = first_argument_grad_temp(closed)
+    plain_user = first_argument_grad_temp(closed) if measure is xla_grad_temp else None
     user = (lambda prog, m: first_argument_grad_temp(prog)) if plain_user is not None else (lambda prog, m: m)
     plain_user = plain if plain_user is None else plain_user
     subject = _subject()
     budget = not isinstance(memory, str)
-    if budget and plain <= memory and plain_user <= memory:
+    if budget and plain <= memory and plain_user <= memory and value_and_grad_temp(closed) <= memory:
         return None
     # a budget takes the first candidate that fits in the order of what they recompute (`candidates(closed,
     # cheapest_first=True)`: matmul results kept, then half, 3/4, ... of the forward): each compiled only if
     # the ones recomputing less did not fit; "min" takes the least, so compiles them all
+    # a budget is met by `jax.value_and_grad`'s program too (train steps take the value; XLA may schedule it bigger)
     scored, tried, widest = [], 0, False    # (widest: a schedule that recomputes everything was tried)
+    with_value = {}                         # name -> value_and_grad temp, where jax.grad's fit and it did not
     for name, prog in candidates(closed, cheapest_first=budget):
-        m = xla_grad_temp(prog)
+        m = measure(prog)
         tried += 1
         if m is not None and m < plain:
             mu = user(prog, m)
             if mu is not None and mu <= plain_user:      # never bigger than plain, in either gradient
                 if budget and m <= memory and mu <= memory:
-                    return name, prog, m, None
+                    if (mv := value_and_grad_temp(prog)) <= memory:
+                        return name, prog, m, None
+                    with_value[name] = mv
                 scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0, mu))
         widest |= name.startswith("all")
         if tried >= GIVE_UP_AFTER and widest and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
@@ -241,8 +247,12 @@ def choose(closed, memory, asked: str | None = None):
                           + other, stacklevel=user_stacklevel())
         return least[:4]
     useful = least[4] <= (1 - MIN_SAVING) * plain_user
+    mv = with_value.get(least[0]) or value_and_grad_temp(least[1])
+    fits_grad = "" if mv <= least[4] else (
+        (" (that fits jax.grad's gradient, but " if least[0] in with_value else " (") +
+        f"jax.value_and_grad's program, which also returns the value, takes {_mib(mv)} there)")
     _cannot_fit(asked, plain_user, f"the least any segment checkpointing reaches is {_mib(least[4])} with "
-                f"{describe(least[0])}; " +
+                f"{describe(least[0])}{fits_grad}; " +
                 ("using that." if useful else
                  f"the program is left as it is, its gradient stays at {_mib(plain_user)} (a saving under "
                  f"{MIN_SAVING:.0%} is not worth the recomputation).") + _other_order(closed, memory, least[4]),
@@ -314,6 +324,14 @@ def first_argument_grad_temp(closed) -> int | None:
         return None
     gp = cost.gradient_program(closed, wrt=floats)
     return None if gp is None else _xla_temp(gp)
+
+
+def value_and_grad_temp(closed) -> int:
+    """XLA temp of `jax.value_and_grad`'s program (the gradient `user_grad_temp` measures, its value returned
+    too); 0 where there is no gradient to take."""
+    floats = _first_argument_floats(closed)
+    gp = cost.gradient_program(closed, wrt=floats or None, with_value=True)
+    return 0 if gp is None else _xla_temp(gp)
 
 
 def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient", helped: bool = False) -> None:

@@ -81,7 +81,10 @@ def test_forward_is_unchanged_in_cost_and_value():
 
 def test_auto_and_a_budget_that_fits_leave_the_program_alone():
     assert remats(jaxform.optimize(mlp_loss), PARAMS, X, Y) == 0      # "auto": fits this host: never slower
-    assert remats(jaxform.optimize(mlp_loss, memory=plain_temp()), PARAMS, X, Y) == 0   # fits already
+    # fits already: jax.grad's program and jax.value_and_grad's (a budget is met by both; XLA schedules the latter
+    # its own way, bigger here)
+    fits = max(plain_temp(), temp(jax.value_and_grad(mlp_loss), PARAMS, X, Y))
+    assert remats(jaxform.optimize(mlp_loss, memory=fits), PARAMS, X, Y) == 0
 
 
 def _device_for(budget):

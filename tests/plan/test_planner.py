@@ -142,9 +142,9 @@ def test_judge_objective():
     # giving back what fusion won (within the traced program's) only for a 1.25x predicted speedup ...
     assert not judge(fused, _cost(100e6, 0.8, 200e6, 2.9))
     assert judge(fused, _cost(100e6, 0.5, 200e6, 2.9))
-    # ... or a 1.10x measured one
-    assert judge(_cost(1e6, 0.9, 200e6, 2.9, True), _cost(100e6, 0.8, 200e6, 2.9, True))
-    assert not judge(_cost(1e6, 0.9, 200e6, 2.9, True), _cost(100e6, 0.85, 200e6, 2.9, True))
+    # ... or measured (a sub-ms program's timing varies 20% within one process: 1.13x measured is not enough)
+    assert judge(_cost(1e6, 1.0, 200e6, 2.9, True), _cost(100e6, 0.75, 200e6, 2.9, True))
+    assert not judge(_cost(1e6, 0.9, 200e6, 2.9, True), _cost(100e6, 0.8, 200e6, 2.9, True))
     # no bigger but slower: no; predicted within 2%, measured within the machine's noise (5%): a tie
     assert not judge(fused, _cost(1e6, 1.0, 200e6, 2.9))
     assert judge(_cost(2e6, 1.0, 200e6, 3.0, True), _cost(2e6, 1.04, 200e6, 3.0, True))
