@@ -3,7 +3,8 @@
 A pass rewrites every loop it can; a rewrite that helps one loop may hurt another, and judged on the
 sum the planner would keep both or neither. `only_loop(p, k)` is the pass `p` run with every top-level
 loop but the k-th turned into an opaque node (`hidden_loop_p`, a primitive no pass knows, so each leaves
-it as it is), then turned back: the proposal for loop k alone. A pass that cannot run that way (it
+it as it is), then turned back: the proposal for loop k alone. Its `positions` say where each other loop
+is after it (a rewrite may add loops: `thin_residuals` splits one), so the next loop is found again. A pass that cannot run that way (it
 traces the program through the hidden node) proposes nothing for that loop.
 """
 from __future__ import annotations
@@ -42,10 +43,16 @@ def only_loop(p, k: int):
             out = p(work)
         except Exception:  # noqa: BLE001 - the pass needs to see through the hidden loops: no proposal
             return graph
+        restored = {}
         for n, _ in out.walk():
             if n.prim is hidden_loop_p:
+                restored[n.params["key"]] = n
                 n.prim, n.params, n.regions = stash[n.params["key"]]
+        tops = top_loops(out)
+        # where each other loop is now (the rewrite of loop k may have added or removed loops around it)
+        run.positions = {j: i for i, t in enumerate(tops) for j, n in restored.items() if t is n}
         return out
     run.pass_name = f"{getattr(p, 'pass_name', p.__name__)}"
     run.exact = getattr(p, "exact", False)
+    run.positions = {}
     return run

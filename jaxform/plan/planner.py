@@ -636,31 +636,45 @@ class _Planning:
         return None
 
     def loop_by_loop(self, i, p, name, good, decisions: list):
-        """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits.
-        Returns the program, whether any loop's rewrite was kept, and whether one was kept only with the
-        pass it enables (`ENABLES`), which must then be kept too."""
+        """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits; then
+        what it does with every loop in view, judged against that (a rewrite that pairs loops, such as
+        `thin_residuals` on a gradient's forward and backward loops, proposes nothing with one hidden: the
+        RNN-with-max gradient kept 46.9 -> 41.0 MiB per loop where both together reach 23.5 MiB).
+        Returns the program, whether any rewrite was kept, and whether one was kept only with the pass it
+        enables (`ENABLES`), which must then be kept too."""
         kept = counts_on = False
+        label = getattr(p, "pass_name", name)
         n = len(top_loops(Graph.from_jaxpr(good)))
-        for k in range(n):
+        at = list(range(n))                # where each loop of the program as given is now
+        refused = []                       # (program, proposal) pairs judged and refused
+        for k in range(n + 1):
+            if k < n and at[k] is None:    # (a kept rewrite lost track of it: left to the proposal together)
+                continue
             loops = top_loops(Graph.from_jaxpr(good))
-            if len(loops) != n:            # a kept rewrite changed the loop count: the rest as one proposal
-                break
+            one = only_loop(p, at[k]) if k < n else p
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cand = self.run_passes(good, [only_loop(p, k)])
-            if _same(cand, good):
-                continue
+                cand = self.run_passes(good, [one])
+            if _same(cand, good) or k == n and any(g is good and _same(cand, c) for g, c in refused):
+                continue                   # (nothing new together: what one loop alone proposed, refused)
             keep, why, before, after, measured = self.judged(i, good, cand, name)
             if not keep and why.startswith("more grad"):
                 keep, why = self.after_memory_planning(i, good, cand, keep, why)
             if not keep and name in ENABLES:   # (hoisting W @ W.T out of a gradient's loops pays with the sum after)
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
                 counts_on |= keep
-            where = loops[k].location() or "no source line"
-            decisions.append(Decision(f"{getattr(p, 'pass_name', name)} [loop {k + 1} of {n}, {where}]", keep,
-                                      before, after, why, measured, keep and big_win(before, after)))
+            if not keep:
+                refused.append((good, cand))
+            where = f"loop {k + 1} of {n}, {loops[at[k]].location() or 'no source line'}" if k < n else \
+                "every loop together, after each alone"
+            decisions.append(Decision(f"{label} [{where}]", keep, before, after, why, measured,
+                                      keep and big_win(before, after)))
             if keep:
                 good, kept = cand, True
+                if k == n:
+                    break
+                # a kept rewrite may add or remove loops (thin_residuals splits one): the others are found again
+                at = [None if x is None else one.positions.get(x) for x in at]
         return good, kept, counts_on
 
     def replay(self, pipeline, skip: set):
