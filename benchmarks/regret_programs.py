@@ -30,15 +30,6 @@ def _a(seed, *shape, k=0.3):
 
 
 # ---- programs of our own, one per deciding pass -------------------------------------------------
-def fused_max_sum(w, xs):
-    # jaxform: fuse_scan_reductions over two reductions of the stacked outputs
-    def cell(h, x):
-        h = jnp.tanh(h @ w + x)
-        return h, h
-    _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:]), xs)
-    return jnp.max(ys * 2) + jnp.sum(ys)
-
-
 def hoist_checkpoint(w, xs):
     # jaxform: a jax.checkpoint'ed scan body recomputing the invariant W @ W.T (hoist / sum_then_pull_back)
     @jax.checkpoint
@@ -187,7 +178,7 @@ def programs(quick: bool = False) -> list:
     w = _a(1, H, H, k=1 / np.sqrt(H))
     xs = _a(2, L, B, H)
     ours = [
-        ("fused_max_sum", fused_max_sum, (w, xs), "jaxform"),
+        ("fused_max_sum", tp.rnn_max_sum, (w, xs), "jaxform tests/plan/programs.py"),
         ("hoist_checkpoint", hoist_checkpoint, (w, xs), "jaxform"),
         ("fission_sincos", fission_sincos, (_a(3, B, H), xs, _a(4, L, B, H)), "jaxform seed 001"),
         ("rnn_input_projection", rnn_input_projection, (w, _a(5, 16, H, k=0.25), _a(6, L, B, 16)), "jaxform docs/residuals.md"),

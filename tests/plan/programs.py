@@ -24,6 +24,17 @@ def rnn_mse(w, xs, t):
     return jnp.mean((ys - t) ** 2)
 
 
+def rnn_max_sum(w, xs):
+    """An RNN whose loss takes two reductions of its stacked states (fusion fuses both; under
+    `optimize(jax.grad(f))` thin_residuals pairs its forward and backward loops). Not in `programs()`:
+    benchmarks/regret.py's `fused_max_sum` and tests/plan/test_measured.py use it at their own sizes."""
+    def cell(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h
+    _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:]), xs)
+    return jnp.max(ys * 2) + jnp.sum(ys)
+
+
 def lstm_tanh(w, a, xs):
     """An LSTM-like step computing `tanh(x) * a` on its input: fission would stack tanh(xs) again."""
     def cell(c, x):

@@ -17,7 +17,7 @@ from jax import lax
 import jaxform
 from jaxform.plan import measure, planner
 
-from plan.programs import programs
+from plan.programs import programs, rnn_max_sum
 
 PROGRAMS = programs()
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
@@ -240,12 +240,7 @@ def test_a_rewrite_pairing_loops_is_proposed_together():
     backward loop, so alone it thins little (`optimize(jax.grad(f))` of an RNN whose loss takes max and sum of
     the states: 46.9 -> 41.0 MiB at L=500, B=H=64). After each loop alone, the pass is proposed with every loop
     in view and judged against that: 23.5 MiB (benchmarks/regret.py's `fused_max_sum`, `optimize(grad(f))`)."""
-    def f(w, xs):
-        def cell(h, x):
-            h = jnp.tanh(h @ w + x)
-            return h, h
-        _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:]), xs)
-        return jnp.max(ys * 2) + jnp.sum(ys)
+    f = rnn_max_sum
     r = np.random.default_rng(0)
     w = jnp.asarray(r.standard_normal((32, 32)) * 0.2, jnp.float32)
     xs = jnp.asarray(r.standard_normal((200, 16, 32)) * 0.3, jnp.float32)
