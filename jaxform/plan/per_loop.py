@@ -43,14 +43,13 @@ def only_loop(p, k: int):
             out = p(work)
         except Exception:  # noqa: BLE001 - the pass needs to see through the hidden loops: no proposal
             return graph
-        restored = {}
+        # where each other loop is now (the rewrite of loop k may have added or removed loops around it), in
+        # the order the program is emitted in (a pass may append nodes out of order: `to_jaxpr` sorts them)
+        emitted = [n for n in Graph.from_jaxpr(out.to_jaxpr()).nodes if n.name in LOOPS or n.prim is hidden_loop_p]
+        run.positions = {n.params["key"]: i for i, n in enumerate(emitted) if n.prim is hidden_loop_p}
         for n, _ in out.walk():
             if n.prim is hidden_loop_p:
-                restored[n.params["key"]] = n
                 n.prim, n.params, n.regions = stash[n.params["key"]]
-        tops = top_loops(out)
-        # where each other loop is now (the rewrite of loop k may have added or removed loops around it)
-        run.positions = {j: i for i, t in enumerate(tops) for j, n in restored.items() if t is n}
         return out
     run.pass_name = f"{getattr(p, 'pass_name', p.__name__)}"
     run.exact = getattr(p, "exact", False)

@@ -46,6 +46,7 @@ from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
+from .memory import auto_budget
 from .use import FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
@@ -64,6 +65,8 @@ ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_
 LAST_WORD = frozenset({"remat_program"})
 DROPPABLE = frozenset({"cse"})   # cleanups the final guard may leave out where the program is bigger with them
 GUARD_ARGUMENTS = 4    # under jit, the final guard checks jax.grad(f, argnums=k) for the first 4 arguments
+GUARD_MAX_EQNS = 2000   # a straight-line program longer than this that only cleanups change is kept as traced
+CLEANUPS = frozenset({"inline", "cse", "dce", "while_grad", "remat_loops", "remat_program"})   # (no loop, no budget)
 GUARD_RETRIES = 3      # ... and, where the plan is bigger somewhere, tries it without one kept rewrite, 3 times
 TIME_SLACK = 0.02          # a proposal may be *predicted* this much slower (the model's resolution)
 NOISE = _measure.NOISE     # ... or *measured* this much slower (the machine's)
@@ -123,8 +126,9 @@ class Decision:
 
     def __str__(self) -> str:
         verdict = "kept" if self.kept else "rejected"
-        costs = f"the traced program: {self.before}" if self.before is self.after else f"{self.before} -> {self.after}"
-        return f"{self.pass_name}: {verdict}{f' for {self.use}' if self.use else ''} ({self.why}); {costs}"
+        costs = "" if not self.before.views else f"; the traced program: {self.before}" if self.before is self.after \
+            else f"; {self.before} -> {self.after}"
+        return f"{self.pass_name}: {verdict}{f' for {self.use}' if self.use else ''} ({self.why}){costs}"
 
 
 @dataclass
@@ -541,6 +545,17 @@ class _Planning:
         merged forward made jit's program 16 KiB bigger, issue 40 finding 4)."""
         decisions: list = []
         skip = {k for k, p in enumerate(self.pipeline) if decided(p)}      # loop rewrites: nothing to rewrite
+        n = len(self.closed.jaxpr.eqns)
+        if n > GUARD_MAX_EQNS and self.costs.measuring and \
+                all(base_name(p) in CLEANUPS for k, p in enumerate(self.pipeline) if k not in skip) and \
+                (self.memory is None or self.memory == "auto" and auto_budget(Graph.from_jaxpr(self.closed))[0] is None):
+            # only cleanups to run, which XLA does itself: checking them would compile this big program in every
+            # view the call may run (an 11k-equation program: minutes, where jax.jit compiles it in 5 s)
+            decisions.append(Decision("planner", True, Cost(()), Cost(()),
+                                      f"the program as traced, inlined: {n} equations and no loop, only cleanups "
+                                      "to run, which XLA does itself (not compiled to check them)"))
+            return Plan(self.inlined, decisions, frozenset(skip | {k for k, p in enumerate(self.pipeline)
+                                                                    if base_name(p) != "inline"}))
         out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
         chosen, skip = self.guard(out, decisions, skip)
         self.say()

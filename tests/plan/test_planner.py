@@ -9,6 +9,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxform
@@ -304,3 +305,27 @@ def test_gpu_auto_memory_costs_no_time(model_only):
             d = {x.split("(")[0]: x for x in jaxform.explain(loss, *args, memory=False, loop_memory=memory,
                                                              for_use=GRAD).decisions}
         assert verdict in d["remat_loops"], (backend, memory, d["remat_loops"])
+
+
+def test_a_long_straight_line_program_is_not_compiled_to_check_cleanups():
+    """Nothing to plan (no loop, no budget): a straight-line program that only inline/CSE/DCE would change is
+    kept as traced (inlined) without compiling it in every view: benchmarks/overhead.py's 11k-equation program
+    took minutes to plan under jit (the final guard compiled its forward and three gradients, twice) where
+    jax.jit compiles it in 5 s; now 1.10x jax.jit's compile. A short one is still checked."""
+    def program(x, y):
+        for i in range(250):                     # ~10 equations per step: past GUARD_MAX_EQNS
+            x = jnp.tanh(x * y + 0.1 * i) * jax.nn.sigmoid(x) - x / (1.0 + x * x)
+        return x.sum()
+    x, y = jnp.ones((8, 16)), jnp.full((8, 16), 0.5)
+    o = jaxform.optimize(program)
+    np.testing.assert_allclose(jax.jit(o)(x, y), jax.jit(program)(x, y), rtol=1e-6)
+    p = o.plan()
+    assert p.budget.compiles == 0, str(p.budget)
+    assert any("not compiled to check them" in d.why for d in p.decisions), [str(d) for d in p.decisions]
+    assert np.allclose(jax.grad(o)(x, y), jax.grad(program)(x, y), rtol=1e-5)
+
+    def short(x, y):
+        return jnp.sum(jnp.tanh(x * y) * jnp.tanh(x * y))
+    s = jaxform.optimize(short)
+    jax.jit(s)(x, y)
+    assert not any("not compiled to check them" in d.why for d in s.plan().decisions)
