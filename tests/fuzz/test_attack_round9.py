@@ -32,8 +32,7 @@ from jaxform.plan.per_loop import only_loop, top_loops
 from jaxform.plan.planner import Cost, ViewCost, judge
 from jaxform.plan.use import Use
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "plan"))
-from programs import rnn_mse, sincos  # noqa: E402  (tests/plan/programs.py)
+from plan.programs import rnn_mse, sincos  # noqa: E402  (tests/plan/programs.py; not `programs`: tests/inspect has one)
 
 
 def _a(*shape, k=0.3, seed=0):
