@@ -4,8 +4,9 @@ A pass rewrites every loop it can; a rewrite that helps one loop may hurt anothe
 sum the planner would keep both or neither. `only_loop(p, k)` is the pass `p` run with every top-level
 loop but the k-th turned into an opaque node (`hidden_loop_p`, a primitive no pass knows, so each leaves
 it as it is), then turned back: the proposal for loop k alone. Its `positions` say where each other loop
-is after it (a rewrite may add loops: `thin_residuals` splits one), so the next loop is found again. A pass that cannot run that way (it
-traces the program through the hidden node) proposes nothing for that loop.
+is after it (a rewrite may add loops: `thin_residuals` splits one), so the next loop is found again. A
+pass that cannot run that way (it traces the program through the hidden node) proposes nothing for that
+loop.
 """
 from __future__ import annotations
 
