@@ -249,9 +249,12 @@ def choose(closed, memory, asked: str | None = None):
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
     if not scored:
         if budget or memory == "min":
+            vg = value_and_grad_temp(closed) if budget else 0     # (compiled above: the answer is cached)
+            valued = f", and jax.value_and_grad's program, which also returns the value, at {_mib(vg)}" \
+                if vg > memory else ""     # (what misses the budget where the gradient alone fits it)
             _cannot_fit(asked, plain_user, "no segment checkpointing makes it smaller (XLA measured each "
                                            f"candidate); the program is left as it is, its gradient stays at "
-                                           f"{_mib(plain_user)}." + _other_order(closed, memory, plain_user),
+                                           f"{_mib(plain_user)}{valued}." + _other_order(closed, memory, plain_user),
                         subject=subject)
         return None
     least = min(scored, key=lambda s: (s[4], s[2], s[3]))
@@ -357,6 +360,15 @@ def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program'
                   stacklevel=user_stacklevel())
 
 
+def unmet_without(memory, left: float, view: str, measured: bool, why: str) -> None:
+    """Say a byte budget that the plan leaves unmet where no kept pass said so: `left` bytes in the gradient
+    `view` the call runs. Without this the budget was missed silently (round 10: sincos w.r.t. an input its
+    loop does not read, judged as `jax.value_and_grad` runs it, has no loop to schedule)."""
+    warnings.warn(f"jaxform: cannot fit {_subject()} in memory={int(memory)} bytes ({_mib(memory)}): the plan "
+                  f"leaves {_mib(left)} of XLA temp memory ({'measured' if measured else 'predicted'}) in the "
+                  f"gradient's view '{view}'; {why}." + _advice(helped=True), stacklevel=user_stacklevel())
+
+
 def recompute_choice(closed, memory, asked: str):
     """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
     recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
@@ -420,7 +432,7 @@ def _mib(n) -> str:
     return f"{n / 2 ** 20:.2f} MiB" if n >= 2 ** 20 / 10 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} B"
 
 
-__all__ = ["choose", "describe", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
+__all__ = ["choose", "describe", "unmet_without", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
            "AUTO_SHARE", "AUTO_GATE"]
 
 

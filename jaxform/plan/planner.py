@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from ..ir import Graph
 from ..ir.identity import structure
@@ -46,8 +47,8 @@ from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
-from .memory import auto_budget
-from .use import FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, Use, gradient_program
+from .memory import auto_budget, unmet_without
+from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -192,6 +193,10 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
         if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + (0 if exact else MEMORY_REL)):
             return False, f"more {a.view} temp memory than the program as traced"
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
+    budget = isinstance(memory, (int, float)) and not isinstance(memory, bool)
+    asked = [v for v in gives_back if use.differentiates(v) and (memory == "min" or budget and after[v].temp_bytes > memory)]
+    if asked:    # memory first, as asked: no time buys back the gradient bytes "min" or a budget needs (fission
+        return False, f"gives back {', '.join(asked)} memory that memory={memory!r} asks for"  # undid fusion's fit)
     if (memory == "min" or isinstance(memory, (int, float)) and not isinstance(memory, bool)) and not gives_back \
             and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
         return True, f"less memory (memory={memory!r}: memory first, time not weighed)"
@@ -230,6 +235,15 @@ def big_win(before: Cost, after: Cost) -> bool:
     return False
 
 
+def _worst(c: Cost, views: list) -> ViewCost:
+    """The gradient views of a use taken as one (`jax.grad`'s, `jax.value_and_grad`'s, has_aux's: the inputs
+    cannot tell which will run, and a budget is for each): the most bytes any of them takes, timed as the
+    first (the program `jax.grad` runs)."""
+    vs = [c[v] for v in views]
+    most = max(vs, key=lambda v: v.temp_bytes)
+    return ViewCost(vs[0].view, most.temp_bytes, vs[0].seconds, most.memory_from, vs[0].time_from)
+
+
 def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> tuple[bool, str]:
     grads = [a for a in after.views if use.differentiates(a.view)]
     if not grads:
@@ -241,8 +255,13 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
         exact = a.memory_from == b.memory_from == "XLA"
         if not use.differentiates(a.view) and a.temp_bytes > ref * (1 + (0 if exact else MEMORY_REL)):
             return False, f"more {a.view} temp memory ({_kib(ref)} -> {_kib(a.temp_bytes)})"
-    a = grads[0]
-    p, b = plain[a.view], before[a.view]
+    views = [g.view for g in grads]     # a gradient's memory: the most any way of running it takes (`_worst`)
+    a, p, b = _worst(after, views), _worst(plain, views), _worst(before, views)
+    for g in grads:     # ... and no way of running it grows past the program before (unless a budget is met:
+        ref = before[g.view].temp_bytes     # the worst alone hid sincos's jax.grad going 644 B -> 21316 B, "min")
+        fits = isinstance(memory, (int, float)) and not isinstance(memory, bool) and g.temp_bytes <= memory
+        if _more(ref, g.temp_bytes) and not fits:
+            return False, f"more {g.view} memory ({_kib(ref)} -> {_kib(g.temp_bytes)})"
     if isinstance(memory, (int, float)) and not isinstance(memory, bool) and a.temp_bytes <= memory:
         return True, "fits the byte budget"
     if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes and memory != "auto":
@@ -274,8 +293,9 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
 class _Costs:
     """Costs of candidate programs in the views of one use: the model's, then the machine's answers."""
 
-    def __init__(self, use: Use, budget: _measure.Budget, example_args, measuring: bool, tune: bool):
-        self.use, self.budget, self.example_args = use, budget, example_args
+    def __init__(self, use: Use, budget: _measure.Budget, example_args, measuring: bool, tune: bool,
+                 loops: bool = True):
+        self.use, self.budget, self.example_args, self.loops = use, budget, example_args, loops
         self.measuring, self.tune = measuring, tune
         self._views: dict = {}
         self._model: dict = {}
@@ -284,8 +304,20 @@ class _Costs:
     def views(self, closed) -> dict:
         key = _key(closed)
         if key not in self._views:
-            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.views()}, closed)
+            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.views() if self._judged(closed, v)},
+                                closed)
         return self._views[key][0]
+
+    def _judged(self, closed, view: str) -> bool:
+        """Is `closed` judged in `view`? The value-returned and has_aux views only where it has loops (no
+        loop rewrite to judge in a straight-line program, whose budget `plan.memory` checks against
+        `jax.value_and_grad` itself: two more compiles of a whole train step's gradient would buy nothing),
+        the has_aux one only for a scalar float first output with others."""
+        if view == AUX_GRAD:
+            outs = closed.out_avals
+            return self.loops and len(outs) > 1 and outs[0].shape == () and \
+                jnp.issubdtype(outs[0].dtype, jnp.floating)
+        return not view.endswith(WITH_VALUE) or self.loops
 
     def model(self, closed) -> Cost:
         key = _key(closed)
@@ -368,7 +400,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     measuring = _measuring(tune)
     # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
     budget = _measure.Budget(math.inf if tune else None)
-    costs = _Costs(use, budget, example_args, measuring, tune)
+    costs = _Costs(use, budget, example_args, measuring, tune, loops)
     if not use.differentiated and loops:     # nothing to remember under a forward use: no memory planning
         pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
@@ -537,7 +569,26 @@ class _Planning:
             pending.pop(name, None)
         chosen, skip = self.guard(good, decisions, skip)
         self.say()
+        self.unmet_budget(chosen, decisions)
         return Plan(chosen, decisions, frozenset(skip), partial=self.partial)
+
+    def unmet_budget(self, chosen, decisions: list) -> None:
+        """A byte budget the chosen program misses in the gradient that runs, where no kept pass said so
+        (a rejected memory pass's warning went with its proposal; a gradient whose loop stores nothing has
+        no schedule to propose), is said here: never silently unmet."""
+        if not isinstance(self.memory, (int, float)) or isinstance(self.memory, bool) or \
+                any("cannot fit" in str(w.message) for w in self.said):
+            return
+        got = self.costs.model(chosen)
+        grads = [v for v in got.views if self.costs.use.differentiates(v.view)]
+        worst = max(grads, key=lambda v: v.temp_bytes, default=None)
+        if worst is not None and worst.temp_bytes > self.memory:
+            tried = [d for d in decisions if base_name_of(d) in MEMORY_PASSES and not d.kept]
+            unmet_without(self.memory, worst.temp_bytes, worst.view, worst.memory_from == "XLA",
+                          f"{tried[-1].pass_name} was rejected: {tried[-1].why}" if tried else
+                          "no memory pass proposed a change (remat_loops measures its loops' schedules on the "
+                          "gradient of one unbatched call)" if any(base_name(p) in MEMORY_PASSES for p in self.pipeline)
+                          else "the pipeline has no memory pass to meet it (remat_loops, remat_program)")
 
     def straight_line(self) -> Plan:
         """A program without loops: no proposal to judge, the pipeline runs as it is. Its result still passes
@@ -631,7 +682,7 @@ class _Planning:
         budget._memo = self.costs.budget._memo
         views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) if v != HYPOTHETICAL_GRAD else
                  (v, gradient_program(self.closed, through_jit=True), gradient_program(chosen, through_jit=True))
-                 for v in self.costs.use.views() if derivatives or not self.costs.use.differentiates(v)]
+                 for v in self.costs.views(self.closed) if derivatives or not self.costs.use.differentiates(v)]
         first = _cost.first_argument()
         strict = self.memory in (None, "auto")     # "min" and budgets ask for memory first: as before
         if not self.costs.use.known and derivatives:   # and jax.grad(f, argnums=k), each k (the first: by default)

@@ -22,6 +22,15 @@ MAX_LEVELS = 4     # nested transformations read from the inputs (deeper ones ar
 # 1% resolution, not to the byte (a fused loss adds a few carries to it; refusing fusion's 40x forward win
 # for 64 bytes of a gradient nobody asked for would undo the rewrite the user called `optimize` for).
 HYPOTHETICAL_GRAD = "grad (if used)"
+# Under a known gradient use, outputs after the first may be `has_aux` outputs that get no cotangent (the
+# inputs cannot tell `jax.grad(f, has_aux=True)` from `jax.vjp`): a rewrite must also be no bigger in the
+# gradient of the first output alone, the others returned as values (a scanned aux: fission's batched op
+# looked free in the all-outputs gradient, which stores it anyway, and took 19x plain's memory).
+AUX_GRAD = "grad of the first output (has_aux)"
+# ... and no bigger with the value returned (`jax.value_and_grad`, which the inputs cannot tell from `jax.grad`:
+# a loop the gradient does not need is in it; sin/cos w.r.t. x1 took 26200 B against plain's 25688 B) nor
+# without it (a fused loss kept "no bigger" with its value took 8708 B against 8388 B in `jax.grad` alone).
+WITH_VALUE = " (value returned)"
 
 
 @dataclass(frozen=True)
@@ -53,23 +62,35 @@ class Use:
         Not the forward of a program that is already a gradient: it is run as it is, never differentiated."""
         if view == HYPOTHETICAL_GRAD:
             return True
-        return view == self.label and any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
+        return view in (self.label, self.label + WITH_VALUE, AUX_GRAD) and any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
 
     def views(self) -> tuple[str, ...]:
         """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""
-        return ("forward", HYPOTHETICAL_GRAD) if not self.known else (self.label,)
+        if not self.known:
+            return ("forward", HYPOTHETICAL_GRAD)
+        first = self.steps[0] if self.steps else None
+        grad = isinstance(first, tuple) and first[0] == "grad"
+        return (self.label,) + ((self.label + WITH_VALUE, AUX_GRAD) if grad else ())
 
     def program(self, closed, view: str):
-        """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate)."""
+        """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate).
+        The gradient's views (`views`): as `jax.grad` runs it; with its value returned too, as
+        `jax.value_and_grad` does; and of the first output alone, the others returned (`has_aux`)."""
         if view == "forward":
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
             return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
-        for s in self.steps:
+        if view == AUX_GRAD:
+            outs = closed.out_avals
+            if len(outs) < 2 or outs[0].shape != () or not jnp.issubdtype(outs[0].dtype, jnp.floating):
+                return None     # no scalar first output and others: no has_aux call to judge
+        grads = [k for k, s in enumerate(self.steps) if isinstance(s, tuple) and s[0] == "grad"]
+        for k, s in enumerate(self.steps):
             if closed is None or not isinstance(s, tuple):
                 continue
             if s[0] == "grad":
-                closed = gradient_program(closed, s[1])
+                closed = gradient_program(closed, s[1], with_value=k == grads[-1] and view != self.label,
+                                          outs=(0,) if view == AUX_GRAD and k == 0 else None)
             elif s[0] == "vmap":
                 closed = batched_program(closed, s[1], s[2])
             elif s[0] == "jvp":
@@ -113,17 +134,19 @@ def use_of(leaves) -> Use:
     return Use(tuple(steps))
 
 
-def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False):
+def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):
     """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
     every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot.
     through_jit: as `jax.grad(jax.jit(f))` runs it, the program behind a jit boundary (JAX's partial
     evaluation of the call then decides the residuals: 16816 B where the inlined VJP takes 16744 B).
     with_value: as `jax.value_and_grad` runs it, the outputs returned too (XLA can schedule that program
-    bigger: an MLP's 3.00 MiB gradient took 3.50 MiB with its value, JAX 0.10.2)."""
+    bigger: an MLP's 3.00 MiB gradient took 3.50 MiB with its value, JAX 0.10.2); every output is then
+    returned, and `outs` (output indices) limits the cotangents to those (`jax.grad(f, has_aux=True)`)."""
     floats = [i for i, a in enumerate(closed.in_avals) if jnp.issubdtype(a.dtype, jnp.inexact)
               and (wrt is None or i in wrt)]
-    outs = [i for i, a in enumerate(closed.out_avals) if jnp.issubdtype(a.dtype, jnp.floating)]
-    if not floats or not outs:
+    diff = [i for i, a in enumerate(closed.out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)   # (complex too:
+            and (outs is None or i in outs)]     # its real part differentiated, a ones cotangent pulls it back)
+    if not floats or not diff:
         return None
 
     def grad(*args):
@@ -133,10 +156,10 @@ def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bo
                 full[i] = v
             res = (jax.jit(functools.partial(_jax.eval_jaxpr, closed)) if through_jit else
                    functools.partial(_jax.eval_jaxpr, closed))(*full)
-            return [res[i] for i in outs]
-        ys, pull = jax.vjp(f, *[args[i] for i in floats])
+            return [res[i] for i in diff], [r for i, r in enumerate(res) if i not in diff]
+        ys, pull, rest = jax.vjp(f, *[args[i] for i in floats], has_aux=True)
         grads = pull([jnp.ones_like(y) for y in ys])
-        return (ys, grads) if with_value else grads
+        return (ys, rest, grads) if with_value else grads
 
     try:
         return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])

@@ -7,8 +7,9 @@
 4. `GIVE_BACK_MEASURED` 1.10 -> 1.25.
 
 Four findings: two fixed (budgets on loop programs now hold `jax.value_and_grad`'s program too; `positions`
-read in emitted order), each a regression test with a comment saying what it found; two open, `xfail(strict=True)`
-with the reason (`value_and_grad` and `has_aux` under a known gradient use: older than these changes). The rest
+read in emitted order), each a regression test with a comment saying what it found; two (`value_and_grad` and
+`has_aux` under a known gradient use, older than these changes) fixed the next session: a gradient is judged with
+its value returned, and in the gradient of its first output alone. The rest
 is coverage of the attacks that held. Programs are small (each compile well under a second); values are compared with
 plain JAX (dtype and weak type included), memory with plain `jax.jit` of the same transform (XLA temp).
 """
@@ -112,11 +113,9 @@ def test_loop_budget_met_by_value_and_grad_or_said_rnn():
     assert (g <= budget and vg <= budget) or any("cannot fit" in m for m in msgs), (g, vg, budget, msgs)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "value_and_grad's program is in no view the planner judges: under a known jax.grad use the grad view "
-    "(Use.program -> gradient_program without the value) of sincos w.r.t. x1 is 0 B whatever the rewrite, so "
-    "fusion/fission are kept 'no bigger' while jax.jit(jax.value_and_grad(optimize(sincos))) takes 26200 B "
-    "against plain's 25688 B (28888 B under memory='min'); the commit measures value_and_grad only for budgets"))
+# Finding 3 (fixed): under a known jax.grad use the grad view of sincos w.r.t. x1 was 0 B whatever the rewrite,
+# so fusion/fission were kept 'no bigger' while jax.jit(jax.value_and_grad(optimize(sincos))) took 26200 B
+# against plain's 25688 B (28888 B under memory='min'): a gradient is now judged with its value returned.
 @pytest.mark.parametrize("memory", [None, "min"])
 def test_value_and_grad_never_bigger_than_plain(memory):
     args = _sincos_args()
@@ -130,11 +129,10 @@ def _with_aux(w, zs):
     return jnp.sum(w ** 2), vs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "has_aux: the planner's grad view (gradient_program) puts a ones cotangent on every float output, the aux "
-    "included, so the aux's loop looks like a big gradient in which fission's batched cos(zs) is 'no bigger'; "
-    "JAX gives the aux no cotangent, so jax.grad(optimize(f), has_aux=True) takes 32388 B where plain's takes "
-    "1668 B (19x; pre-existing, not from the three commits)"))
+# Finding 4 (fixed): the grad view put a ones cotangent on every float output, the aux included, so the aux's
+# loop looked like a big gradient in which fission's batched cos(zs) was 'no bigger'; JAX gives the aux no
+# cotangent: jax.grad(optimize(f), has_aux=True) took 32388 B where plain's takes 1668 B (19x). Now also judged
+# in the gradient of the first output alone (use.AUX_GRAD).
 def test_grad_has_aux_never_bigger_than_plain():
     args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
     o = jaxform.optimize(_with_aux)
