@@ -401,8 +401,11 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
     budget = _measure.Budget(math.inf if tune else None)
     costs = _Costs(use, budget, example_args, measuring, tune, loops)
-    if not use.differentiated and loops:     # nothing to remember under a forward use: no memory planning
-        pipeline = [p for p in pipeline if base_name(p) not in MEMORY_PASSES]
+    if not use.differentiated:     # nothing to remember under a forward use: no memory planning, no budget to
+        # check (remat_program's loop check warned "cannot fit" of a gradient the call never takes, round 10),
+        # except a program that is a gradient already: its own backward recomputes (`passes.recompute`)
+        drop = MEMORY_PASSES | (frozenset() if _is_gradient(closed) else LAST_WORD)
+        pipeline = [p for p in pipeline if base_name(p) not in drop]
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
     with _measure.planning(f"{where or 'a program'} for {use.label}") as clock:
         out = planning.run() if loops else planning.straight_line()
