@@ -21,7 +21,6 @@ with a reason that says so), and (low severity) a vjp cotangent of 0.5. One sile
 against the change as first read (vmap(value_and_grad)) holds since the worst-view change; it is kept as a test with
 the attacks that held (ordinary tests). Programs are small (each compile well under a second).
 """
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,50 +29,22 @@ import pytest
 from jax import lax
 
 import jaxform
+from jaxform import _jax
 
 from plan.programs import rnn_max_sum, rnn_mse, sincos  # noqa: E402  (tests/plan/programs.py)
 
 
-def _a(*shape, k=0.3, seed=0):
-    return jnp.asarray(np.random.default_rng(seed + 7 * len(shape) + sum(shape)).standard_normal(shape) * k,
-                       jnp.float32)
+from test_attack_round9 import _a, close, said, temp  # noqa: E402,F401  (round 9's helpers, tests/fuzz)
 
 
-def temp(fn, *args) -> int:
-    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
-def said(fn):
-    """fn()'s result and the warnings it gave (planning happens at the first trace)."""
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        out = fn()
-    return out, [str(m.message) for m in w]
+# Three findings are XLA:CPU 0.10's numbers: on JAX 0.12 plain's per-example gradient of rnn_max_sum fits the
+# 106675-byte budget already (95544 B), and the vjp with a cotangent of 0.5 is no bigger than plain.
+ON_XLA_010 = pytest.mark.skipif(_jax.JAX_VERSION >= (0, 11), reason="a JAX 0.10.2 finding: XLA:CPU 0.12 schedules "
+                                "these programs differently (plain's vmap(grad) 95544 B fits the budget)")
 
 
 def cannot_fit(msgs) -> list:
     return [m for m in msgs if "cannot fit" in m]
-
-
-def close(got, want, rtol=1e-5):
-    """Same tree, dtypes, weak types, shapes; values to rtol (atol scaled by the largest value), NaN and inf
-    where plain JAX has them, signed zeros as JAX's; float0 cotangents compared by type only."""
-    ga, wa = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for x, y in zip(ga, wa):
-        x, y = jnp.asarray(x), jnp.asarray(y)
-        assert (x.dtype, x.shape, x.weak_type) == (y.dtype, y.shape, y.weak_type), \
-            ((x.dtype, x.shape, x.weak_type), (y.dtype, y.shape, y.weak_type))
-        if x.dtype == jax.dtypes.float0:
-            continue
-        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        np.testing.assert_array_equal(np.isnan(x), np.isnan(y))
-        np.testing.assert_array_equal(np.isposinf(x), np.isposinf(y))
-        np.testing.assert_array_equal(np.isneginf(x), np.isneginf(y))
-        np.testing.assert_array_equal(np.signbit(x[(x == 0) & (y == 0)]), np.signbit(y[(x == 0) & (y == 0)]))
-        fin = np.isfinite(y)
-        scale = float(np.max(np.abs(y[fin]))) if fin.any() else 1.0
-        np.testing.assert_allclose(x[fin], y[fin], rtol=rtol, atol=rtol * scale + 1e-7)
 
 
 def vjp_all(fn, ct=None):
@@ -178,6 +149,7 @@ _VV = lambda f: jax.vmap(jax.value_and_grad(f), in_axes=(None, 0))   # noqa: E73
 # schedule at all, and the new unmet_budget warning then says "the plan leaves 0.13 MiB ... no memory pass had a
 # schedule to propose (its loops store nothing across steps that a schedule could drop)": false, memory='min'
 # reaches 97912 B and memory=5926 reaches 72272 B, both within this budget (test_vmap_grad_budget_is_reachable).
+@ON_XLA_010
 @pytest.mark.xfail(strict=True, reason=(
     "rnn_max_sum (L=30 B=4 H=8) under jax.vmap(jax.grad(o)) over 6 examples, memory=106675: the plan is the "
     "traced program, 139200 B (vmap(value_and_grad) 118528 B), warned with a false reason, where memory='min' "
@@ -190,6 +162,7 @@ def test_vmap_grad_budget_met_where_a_schedule_meets_it():
     assert g <= budget and vg <= budget, (g, vg, msgs)
 
 
+@ON_XLA_010
 def test_vmap_grad_budget_is_reachable():
     """The other side of finding 3 (holds): memory='min' gets jax.vmap(jax.grad) of the same program within
     106675 B, and the budget is never silently unmet (said by the planner's new warning)."""
@@ -254,6 +227,7 @@ def test_min_takes_no_more_gradient_memory_than_none():
 # Finding 6 (low severity): jax.vjp pulled back with a cotangent of 0.5: XLA schedules plain's program at
 # 42752 B (62656 B with 1.0, 2.0 or a cotangent argument); the plan (fusion, judged with ones) takes 43240 B
 # whatever the cotangent. No view can know the cotangent; said for the record.
+@ON_XLA_010
 @pytest.mark.xfail(strict=True, reason=(
     "cumsum-like carry (x (8,16), xs (40,8,16)), jax.vjp(o) pulled back with 0.5: 43240 B against plain's "
     "42752 B (plain takes 62656 B with a cotangent of 1.0, the planner's view)"))
@@ -265,7 +239,7 @@ def test_vjp_with_a_cotangent_other_than_ones_never_bigger():
 
 
 # =========================================================================================================
-# Attacks that held (coverage)
+# Attacks that held (coverage; the slow tier, but for the budget miss found against the first version)
 # =========================================================================================================
 
 def _f16(w, xs):
@@ -282,6 +256,7 @@ _HAS_AUX = {"grad_aux": lambda f: jax.grad(f, has_aux=True),
             "vg_aux": lambda f: jax.value_and_grad(f, has_aux=True)}
 
 
+@pytest.mark.slow
 def test_has_aux_f16_loss_never_bigger():
     """An f16 scalar loss with an f16 aux under memory='auto' (a stacked f32 aux: the budget test above; an integer
     aux: the callback test below): jax.grad and jax.value_and_grad with has_aux of one optimize(f) each equal
@@ -294,6 +269,7 @@ def test_has_aux_f16_loss_never_bigger():
         assert t <= temp(U(_f16), *args), name
 
 
+@pytest.mark.slow
 def test_vjp_of_an_integer_then_a_vector_first_output():
     """No has_aux view where the first output is not a float scalar (an integer, then a vector): jax.vjp with
     every output's cotangent still equal and no bigger under memory='min'."""
@@ -304,6 +280,7 @@ def test_vjp_of_an_integer_then_a_vector_first_output():
     assert t <= temp(vjp_all(_int_vec_first), *args)
 
 
+@pytest.mark.slow
 def test_single_output_uses_never_bigger():
     """rnn max+sum (where plain's jax.grad is the bigger program: 98752 B against value_and_grad's 82496 B at
     L=64 B=4 H=16): jax.grad, jax.value_and_grad, jax.grad(argnums=1) under memory='min', each equal and no
@@ -333,6 +310,7 @@ def test_vmap_budget_never_silently_unmet_sincos():
 
 
 @pytest.mark.parametrize("budget", [2000, 25000])
+@pytest.mark.slow
 def test_budget_met_or_said_with_the_numbers_measured(budget):
     """rnn_mse under jax.grad and jax.value_and_grad: each within the budget, or 'cannot fit' said and the number
     it quotes for jax.value_and_grad's program is the one measured (to the 0.1 KiB it prints); no 'cannot fit'
@@ -359,6 +337,7 @@ def _scalar_and_xs(x, xs):
     return jnp.sum(ys) + jnp.max(ys)
 
 
+@pytest.mark.slow
 def test_second_order_jvp_and_vmap_of_grad():
     """jax.hessian, jax.grad(jax.grad) of a scalar-input loop; jax.jvp and jax.vmap(jax.grad) of a loop over
     data, under memory='min': plain JAX's values, never bigger."""
@@ -373,6 +352,7 @@ def test_second_order_jvp_and_vmap_of_grad():
         assert t <= temp(T(f), *args), k
 
 
+@pytest.mark.slow
 def test_callbacks_rng_int_carry_custom_vjp_short_scans():
     """jax.debug.callback in the body (count and order as plain JAX's), an RNG key carried through the scan, an
     integer carry returned as aux, custom_vjp in the body; lengths 5, 1 and 0; jax.value_and_grad(has_aux) and
@@ -412,6 +392,7 @@ def test_callbacks_rng_int_carry_custom_vjp_short_scans():
         np.testing.assert_allclose(lg, lw, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_one_function_many_uses_in_turn():
     """One optimize(f, memory="min") called forward, under jax.grad(has_aux), jax.value_and_grad(has_aux),
     the grad of the aux's sum (the plan for w's gradient, served again), forward again; inputs with

@@ -91,7 +91,8 @@ def test_an_unmet_budget_is_said_where_no_memory_pass_ran():
     """A pipeline without memory passes, planned for jax.grad with a budget nothing meets: said by the planner."""
     args = _sincos_args()
     closed = jax.make_jaxpr(sincos)(*args)
-    pipeline = [p for p in P.default_pipeline() if planner.base_name(p) not in planner.MEMORY_PASSES]
+    pipeline = [p for p in P.default_pipeline() if planner.base_name(p) in ("inline", "cse", "dce")]  # (no fusion:
+    # its 608 B on JAX 0.10.2 are 0 B on 0.12)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         out = planner.plan(closed, pipeline, memory=100, use=GRAD_X1, example_args=jax.tree_util.tree_leaves(args))
