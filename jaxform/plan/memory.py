@@ -251,10 +251,11 @@ def choose(closed, memory, asked: str | None = None):
         if budget or memory == "min":
             vg = value_and_grad_temp(closed) if budget else 0     # (compiled above: the answer is cached)
             valued = f", and jax.value_and_grad's program, which also returns the value, at {_mib(vg)}" \
-                if vg > memory else ""     # (what misses the budget where the gradient alone fits it)
+                if budget and vg > memory else ""     # (what misses the budget where the gradient alone fits it)
             _cannot_fit(asked, plain_user, "no segment checkpointing makes it smaller (XLA measured each "
                                            f"candidate); the program is left as it is, its gradient stays at "
-                                           f"{_mib(plain_user)}{valued}." + _other_order(closed, memory, plain_user),
+                                           f"{_mib(plain_user)}{valued}." +
+                                           _other_order(closed, memory, plain_user),
                         subject=subject)
         return None
     least = min(scored, key=lambda s: (s[4], s[2], s[3]))
@@ -432,8 +433,8 @@ def _mib(n) -> str:
     return f"{n / 2 ** 20:.2f} MiB" if n >= 2 ** 20 / 10 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{int(n)} B"
 
 
-__all__ = ["choose", "describe", "unmet_without", "recompute_choice", "auto_budget", "xla_grad_temp", "first_argument_grad_temp",
-           "AUTO_SHARE", "AUTO_GATE"]
+__all__ = ["choose", "describe", "unmet_without", "recompute_choice", "auto_budget", "xla_grad_temp",
+           "first_argument_grad_temp", "AUTO_SHARE", "AUTO_GATE"]
 
 
 # The memory passes ask for these decisions by name (`passes.decisions`: imports run plan -> passes).

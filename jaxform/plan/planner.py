@@ -194,7 +194,8 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
             return False, f"more {a.view} temp memory than the program as traced"
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
     budget = isinstance(memory, (int, float)) and not isinstance(memory, bool)
-    asked = [v for v in gives_back if use.differentiates(v) and (memory == "min" or budget and after[v].temp_bytes > memory)]
+    asked = [v for v in gives_back if use.differentiates(v) and
+             (memory == "min" or budget and after[v].temp_bytes > memory)]
     if asked:    # memory first, as asked: no time buys back the gradient bytes "min" or a budget needs (fission
         return False, f"gives back {', '.join(asked)} memory that memory={memory!r} asks for"  # undid fusion's fit)
     if (memory == "min" or isinstance(memory, (int, float)) and not isinstance(memory, bool)) and not gives_back \
@@ -590,8 +591,9 @@ class _Planning:
             unmet_without(self.memory, worst.temp_bytes, worst.view, worst.memory_from == "XLA",
                           f"{tried[-1].pass_name} was rejected: {tried[-1].why}" if tried else
                           "no memory pass proposed a change (remat_loops measures its loops' schedules on the "
-                          "gradient of one unbatched call)" if any(base_name(p) in MEMORY_PASSES for p in self.pipeline)
-                          else "the pipeline has no memory pass to meet it (remat_loops, remat_program)")
+                          "gradient of one unbatched call)"
+                          if any(base_name(p) in MEMORY_PASSES for p in self.pipeline) else
+                          "the pipeline has no memory pass to meet it (remat_loops, remat_program)")
 
     def straight_line(self) -> Plan:
         """A program without loops: no proposal to judge, the pipeline runs as it is. Its result still passes

@@ -62,7 +62,8 @@ class Use:
         Not the forward of a program that is already a gradient: it is run as it is, never differentiated."""
         if view == HYPOTHETICAL_GRAD:
             return True
-        return view in (self.label, self.label + WITH_VALUE, AUX_GRAD) and any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
+        return view in (self.label, self.label + WITH_VALUE, AUX_GRAD) and \
+            any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
 
     def views(self) -> tuple[str, ...]:
         """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""

@@ -1,4 +1,6 @@
 """remat_program: loop-free programs under grad fit a byte budget, with the same values and gradients."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +72,11 @@ def test_gradient_fits_the_budget_with_the_same_values(memory):
 def test_vmap_of_grad_per_example():
     f = jaxform.optimize(mlp_loss, memory="min")
     per = lambda g: jax.vmap(g, in_axes=(None, 0, 0))(PARAMS, X[:4, None], Y[:4, None])   # noqa: E731
-    close(per(jax.grad(f)), per(jax.grad(mlp_loss)))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        close(per(jax.grad(f)), per(jax.grad(mlp_loss)))
+    # no candidate helps here: said, and the pass itself must not fail ("min" was compared with bytes once)
+    assert not [w for w in said if "failed on" in str(w.message)], [str(w.message) for w in said]
 
 
 def test_forward_is_unchanged_in_cost_and_value():

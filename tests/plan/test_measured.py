@@ -66,7 +66,8 @@ def test_uses_are_planned_apart_and_cached_apart():
     assert all(v.view == "forward" for d in o.decisions() for v in d.after.views)
     jax.grad(o)(*args)
     assert o.cache_size() == 1             # one signature, a plan per use
-    assert o.decisions() and all(v.view in ("grad", "grad (value returned)") for d in o.decisions() for v in d.after.views)
+    assert o.decisions() and all(v.view in ("grad", "grad (value returned)")
+                                 for d in o.decisions() for v in d.after.views)
 
 
 def _fake_seconds(*answers):
