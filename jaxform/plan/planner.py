@@ -39,7 +39,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from ..ir import Graph
 from ..ir.identity import structure
@@ -48,7 +47,7 @@ from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
 from .memory import auto_budget, unmet_without
-from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program
+from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program, may_have_aux
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -174,6 +173,11 @@ def _slower(b: ViewCost, a: ViewCost, slack: float | None = None) -> bool:
     return a.seconds > b.seconds * (1 + slack)
 
 
+def _byte_budget(memory) -> bool:
+    """Is `memory=` a byte budget (a number, not "auto"/"min"/None, and not a bool)?"""
+    return isinstance(memory, (int, float)) and not isinstance(memory, bool)
+
+
 def _kib(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
 
@@ -193,12 +197,11 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
         if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + (0 if exact else MEMORY_REL)):
             return False, f"more {a.view} temp memory than the program as traced"
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
-    budget = isinstance(memory, (int, float)) and not isinstance(memory, bool)
     asked = [v for v in gives_back if use.differentiates(v) and
-             (memory == "min" or budget and after[v].temp_bytes > memory)]
+             (memory == "min" or _byte_budget(memory) and after[v].temp_bytes > memory)]
     if asked:    # memory first, as asked: no time buys back the gradient bytes "min" or a budget needs (fission
         return False, f"gives back {', '.join(asked)} memory that memory={memory!r} asks for"  # undid fusion's fit)
-    if (memory == "min" or isinstance(memory, (int, float)) and not isinstance(memory, bool)) and not gives_back \
+    if (memory == "min" or _byte_budget(memory)) and not gives_back \
             and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
         return True, f"less memory (memory={memory!r}: memory first, time not weighed)"
     halves = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
@@ -260,10 +263,9 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
     a, p, b = _worst(after, views), _worst(plain, views), _worst(before, views)
     for g in grads:     # ... and no way of running it grows past the program before (unless a budget is met:
         ref = before[g.view].temp_bytes     # the worst alone hid sincos's jax.grad going 644 B -> 21316 B, "min")
-        fits = isinstance(memory, (int, float)) and not isinstance(memory, bool) and g.temp_bytes <= memory
-        if _more(ref, g.temp_bytes) and not fits:
+        if _more(ref, g.temp_bytes) and not (_byte_budget(memory) and g.temp_bytes <= memory):
             return False, f"more {g.view} memory ({_kib(ref)} -> {_kib(g.temp_bytes)})"
-    if isinstance(memory, (int, float)) and not isinstance(memory, bool) and a.temp_bytes <= memory:
+    if _byte_budget(memory) and a.temp_bytes <= memory:
         return True, "fits the byte budget"
     if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes and memory != "auto":
         return True, "less gradient memory, back within the program as traced"   # an earlier rewrite counted on it
@@ -315,9 +317,7 @@ class _Costs:
         `jax.value_and_grad` itself: two more compiles of a whole train step's gradient would buy nothing),
         the has_aux one only for a scalar float first output with others."""
         if view == AUX_GRAD:
-            outs = closed.out_avals
-            return self.loops and len(outs) > 1 and outs[0].shape == () and \
-                jnp.issubdtype(outs[0].dtype, jnp.floating)
+            return self.loops and may_have_aux(closed)
         return not view.endswith(WITH_VALUE) or self.loops
 
     def model(self, closed) -> Cost:
@@ -580,7 +580,7 @@ class _Planning:
         """A byte budget the chosen program misses in the gradient that runs, where no kept pass said so
         (a rejected memory pass's warning went with its proposal; a gradient whose loop stores nothing has
         no schedule to propose), is said here: never silently unmet."""
-        if not isinstance(self.memory, (int, float)) or isinstance(self.memory, bool) or \
+        if not _byte_budget(self.memory) or \
                 any("cannot fit" in str(w.message) for w in self.said):
             return
         got = self.costs.model(chosen)

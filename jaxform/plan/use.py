@@ -81,10 +81,8 @@ class Use:
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
             return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
-        if view == AUX_GRAD:
-            outs = closed.out_avals
-            if len(outs) < 2 or outs[0].shape != () or not jnp.issubdtype(outs[0].dtype, jnp.floating):
-                return None     # no scalar first output and others: no has_aux call to judge
+        if view == AUX_GRAD and not may_have_aux(closed):
+            return None     # no scalar first output and others: no has_aux call to judge
         grads = [k for k, s in enumerate(self.steps) if isinstance(s, tuple) and s[0] == "grad"]
         for k, s in enumerate(self.steps):
             if closed is None or not isinstance(s, tuple):
@@ -133,6 +131,12 @@ def use_of(leaves) -> Use:
     if not steps and any(isinstance(x, _jax.Tracer) for x in cur):
         return UNKNOWN
     return Use(tuple(steps))
+
+
+def may_have_aux(closed) -> bool:
+    """Could `closed` be called as `jax.grad(f, has_aux=True)`: a float scalar first output, others after it?"""
+    outs = closed.out_avals
+    return len(outs) > 1 and outs[0].shape == () and jnp.issubdtype(outs[0].dtype, jnp.floating)
 
 
 def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):
