@@ -4,12 +4,21 @@
 #   bash benchmarks/gpu.sh           the loop benchmarks
 #   bash benchmarks/gpu.sh budget    issue 30's byte budgets: the transformer at issue 30's size, both
 #                                    orders, the ResNet and the largest batches, then the planner's quick set
+#   bash benchmarks/gpu.sh regret    issue 37 on a GPU: regret.py --quick (the planner against the measured
+#                                    oracle), loops, training_memory, the demo (under 10 minutes)
 OUT=${OUT:-/tmp/gpu-bench}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PY:-python3}
 run() { local name=$1 limit=$2; shift 2
   echo "== $name ($*)"; timeout "$limit" "$PY" "$@" > "$OUT/$name.txt" 2>&1; echo "   rc $? after ${SECONDS}s"; tail -3 "$OUT/$name.txt"; }
 nvidia-smi -L; $PY -c "import jax, jaxform; print(jax.__version__, jax.devices())" || exit 1
+if [ "${1:-loops}" = regret ]; then
+  run regret_quick 290 benchmarks/regret.py --quick --json "$OUT/regret_quick.json"
+  run loops 120 benchmarks/loops.py --quick
+  run training_memory 60 benchmarks/training_memory.py --quick
+  run demo 95 -m jaxform.cli demo
+  exit
+fi
 if [ "${1:-loops}" = budget ]; then
   run budget_big 240 benchmarks/memory_budget.py --big --quick
   run budget_grad_first 120 benchmarks/memory_budget.py --grad-first --quick
