@@ -235,13 +235,17 @@ def main():
             rows.append(r)
             (pt, pm), (qt, qm) = r["plain"], r["planner"]
             o, ot, om = r["time_oracle"]
-            verdict = "ok" if r["ok"] else ",".join(x for x, bad in (("regret", r["time_regret"] > 1.10),
-                                                                      ("bigger", r["bigger"]), ("slower", r["slower"])) if bad)
+            bad = [x for x, b in (("regret", r["time_regret"] > 1.10), ("bigger", r["bigger"]),
+                                  ("slower", r["slower"])) if b]
+            verdict = f"{r['decisions']}d " + ("ok" if r["ok"] else ",".join(bad))    # (decisions judged)
             if r["reversed"]:
                 verdict += " rev:" + ",".join(r["reversed"])
             print(f"{name:28s} {kind:11s} {pt*1e3:7.2f}/{mib(pm):7.2f} {qt*1e3:7.2f}/{mib(qm):7.2f} "
                   f"{ot*1e3:7.2f}/{mib(om):7.2f} {o:22s} {r['time_regret']:6.2f} {r['mem_regret']:6.2f} {verdict}",
                   flush=True)
+            if a.json:     # after every row: a run stopped by its time limit keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump(rows, f, indent=1, default=str)
     for n in notes:
         print("note:", n)
     if not rows:

@@ -189,7 +189,7 @@ def cmd_demo(ns) -> int:
     import jax
     import numpy as np
     from . import optimize, passes
-    from .inspect import explain, show
+    from .inspect import explain
     from .inspect.explain import fmt_bytes
     from .inspect.program import Progress, min_time
     step = Progress(True)
@@ -203,8 +203,8 @@ def cmd_demo(ns) -> int:
           f"(default pipeline: {', '.join(passes.DEFAULT)})\n")
     report = explain(mse_loss, *args, measure=True, reps=ns.reps, progress=True)
     print(report)
-    print("\nThe program, before -> after:")
-    print(show(mse_loss, *args).diff or "(unchanged)")
+    print("\nThe program, before -> after (as the plan runs it forward):")
+    print(report.diff or "(unchanged)")
     opt = optimize(mse_loss)
     grad, grad_opt = jax.jit(jax.grad(mse_loss)), jax.jit(jax.grad(opt))
     with step("compiling the gradient, original and optimized, for XLA's memory analysis"):

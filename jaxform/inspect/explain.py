@@ -52,6 +52,8 @@ class Report:
     grad_temp_bytes: tuple | None = None          # XLA temp memory of the gradient, before/after loop planning
     decisions: list = field(default_factory=list)  # the planner's verdict on each loop pass's proposal
     planning: str = ""                             # the use planned for and what planning spent
+    derivatives: str = ""                          # where the program's derivatives are not the stages' own
+    diff: str = ""                                 # the program as traced -> the one that runs (forward)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +87,8 @@ class Report:
             lines.append(f"  loop {lp['where'] or '(no source line)'} ({lp['length']} steps): under grad keeps "
                          f"{lp['schedule']}: predicted {fmt_bytes(lp['predicted'][0])} -> {fmt_bytes(lp['predicted'][1])}"
                          f", recompute {lp['recompute']}x the body")
+        if self.derivatives:
+            lines.append(f"  gradient: {self.derivatives}")
         if self.grad_temp_bytes:
             g0, g1 = self.grad_temp_bytes
             lines.append(f"  gradient (measured, XLA temp memory): {fmt_bytes(g0)} -> {fmt_bytes(g1)}")
@@ -171,10 +175,19 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
     with step("running passes"):
         after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
+    # the totals are the program the plan runs, never a replay that differs from it (a GPU demo reported a
+    # forward 0.63x slower: the replay ran a pass the forward plan had rejected)
     if planned and chosen.partial:   # a pass kept for some loops only: the stages replay it whole
-        after = chosen.closed
+        after = chosen.forward if chosen.forward is not None else chosen.closed
         report.decisions.append("some passes were kept for some loops only: the stages below apply them to "
                                 "every loop; the totals are the planned program's")
+    elif planned and chosen.forward is not None:
+        after = chosen.forward
+    if planned and chosen.forward is not None:
+        report.derivatives = ("as traced: the forward is planned alone, and jax.grad (or jax.jvp) of it "
+                              "differentiates the program as traced, as plain jax.jit would; to plan the "
+                              "gradient, trace it inside the jit: jax.jit(jax.grad(optimize(f)))")
+    report.diff = diff(*paired_text(Graph.from_jaxpr(closed), Graph.from_jaxpr(after)))
     mems: dict = {}
 
     def mem(c):
@@ -197,7 +210,7 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     report.eqns = (len(Graph.from_jaxpr(closed)), len(Graph.from_jaxpr(after)))
     if "fuse_scan_reductions" in report.passes:
         report.unfused = unfused_scans(Graph.from_jaxpr(after))
-    if loop_memory is not None:
+    if loop_memory is not None and not report.derivatives and (not planned or chosen.use.differentiated):
         planned = [a for name, b, a in stages if name.startswith("remat_loops")]
         unplanned = next((b for name, b, a in stages if name.startswith("remat_loops")), after)
         report.loops = loop_plans(Graph.from_jaxpr(unplanned), loop_memory)

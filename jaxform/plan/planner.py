@@ -138,6 +138,7 @@ class Plan:
     decisions: list = field(default_factory=list)
     skipped: frozenset = frozenset()     # indices into the pipeline of the passes left out
     partial: bool = False                # some pass kept for some loops only (`closed` is the plan, not a replay)
+    forward: object = None               # where `closed` gives this forward the traced program's derivatives
     use: Use = UNKNOWN
     budget: _measure.Budget | None = None
     seconds: float = 0.0
@@ -315,7 +316,7 @@ class _Costs:
         """Is `closed` judged in `view`? The value-returned and has_aux views only where it has loops (no
         loop rewrite to judge in a straight-line program, whose budget `plan.memory` checks against
         `jax.value_and_grad` itself: two more compiles of a whole train step's gradient would buy nothing),
-        the has_aux one only for a scalar float first output with others."""
+        the has_aux one only for a scalar float output among others (`use.aux_loss`)."""
         if view == AUX_GRAD:
             return self.loops and may_have_aux(closed)
         return not view.endswith(WITH_VALUE) or self.loops
@@ -402,6 +403,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     # the budget is scaled by the first compile (the traced program's), made when the first proposal is judged
     budget = _measure.Budget(math.inf if tune else None)
     costs = _Costs(use, budget, example_args, measuring, tune, loops)
+    given = list(pipeline)
     if not use.differentiated:     # nothing to remember under a forward use: no memory planning, no budget to
         # check (remat_program's loop check warned "cannot fit" of a gradient the call never takes, round 10),
         # except a program that is a gradient already: its own backward recomputes (`passes.recompute`)
@@ -410,6 +412,9 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
     with _measure.planning(f"{where or 'a program'} for {use.label}") as clock:
         out = planning.run() if loops else planning.straight_line()
+    # `skipped` indexes the pipeline as given (`explain` replays it), the passes dropped for the use included
+    ran = [k for k, p in enumerate(given) if any(p is q for q in pipeline)]
+    out.skipped = frozenset(ran[j] for j in out.skipped) | (set(range(len(given))) - set(ran))
     budget.compiles = max(budget.compiles, clock[2])     # the memory decisions' compiles too (`plan.memory`)
     out.use, out.budget, out.seconds = use, budget, time.perf_counter() - t0
     if out.seconds > SLOW_PLAN_SECONDS:
@@ -440,13 +445,15 @@ def _plan_each_use(closed, pipeline, **kw) -> Plan:
     check = _Planning(closed, list(pipeline), kw["memory"], kw["strict"], kw["where"],
                       _Costs(UNKNOWN, fwd.budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
     if check.only_inlined(fwd.closed):
-        return Plan(fwd.closed, decisions, use=UNKNOWN, budget=fwd.budget, seconds=time.perf_counter() - t0)
+        return Plan(fwd.closed, decisions, fwd.skipped, fwd.partial, use=UNKNOWN, budget=fwd.budget,
+                    seconds=time.perf_counter() - t0)
     joined = with_derivatives_of(fwd.closed, closed)
     over = check.bigger(joined) if measuring else None
     if over is None:
         decisions.append(Decision("planner", True, check.plain, check.plain, "the forward plan, its derivatives "
                                   "as traced", use="a jit trace's unknown use"))
-        return Plan(joined, decisions, use=UNKNOWN, budget=fwd.budget, seconds=time.perf_counter() - t0)
+        return Plan(joined, decisions, fwd.skipped, fwd.partial, fwd.closed, use=UNKNOWN, budget=fwd.budget,
+                    seconds=time.perf_counter() - t0)
     return plan(closed, pipeline, use=UNKNOWN, each_use=False, **kw)
 
 
@@ -461,6 +468,7 @@ class _Planning:
         self.always = [p for p in pipeline if not decided(p)]
         self._plain = None
         self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
+        self.forward = None      # the final guard gave the chosen forward the traced program's derivatives
 
     def propose(self, c, ps):
         """`ps` run over `c`, and the warnings they gave (said only if this program is kept)."""
@@ -574,7 +582,7 @@ class _Planning:
         chosen, skip = self.guard(good, decisions, skip)
         self.say()
         self.unmet_budget(chosen, decisions)
-        return Plan(chosen, decisions, frozenset(skip), partial=self.partial)
+        return Plan(chosen, decisions, frozenset(skip), partial=self.partial, forward=self.forward)
 
     def unmet_budget(self, chosen, decisions: list) -> None:
         """A byte budget the chosen program misses in the gradient that runs, where no kept pass said so
@@ -615,7 +623,7 @@ class _Planning:
         out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
         chosen, skip = self.guard(out, decisions, skip)
         self.say()
-        return Plan(chosen, decisions, frozenset(skip))
+        return Plan(chosen, decisions, frozenset(skip), forward=self.forward)
 
     def say(self) -> None:
         """What the kept program's passes warned of, once (not what proposals judged and dropped warned of)."""
@@ -655,6 +663,7 @@ class _Planning:
                     f"the forward as planned, its derivatives as traced (with the plan's own: {over})" if over else
                     "the forward as planned, its derivatives as traced (a program taken for a gradient: its own "
                     "derivatives are not judged)")))
+                self.forward = chosen
                 return wrapped, skip
         if over is None:
             return chosen, skip

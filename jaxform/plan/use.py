@@ -22,11 +22,11 @@ MAX_LEVELS = 4     # nested transformations read from the inputs (deeper ones ar
 # 1% resolution, not to the byte (a fused loss adds a few carries to it; refusing fusion's 40x forward win
 # for 64 bytes of a gradient nobody asked for would undo the rewrite the user called `optimize` for).
 HYPOTHETICAL_GRAD = "grad (if used)"
-# Under a known gradient use, outputs after the first may be `has_aux` outputs that get no cotangent (the
+# Under a known gradient use, outputs beside a scalar loss may be `has_aux` outputs that get no cotangent (the
 # inputs cannot tell `jax.grad(f, has_aux=True)` from `jax.vjp`): a rewrite must also be no bigger in the
-# gradient of the first output alone, the others returned as values (a scanned aux: fission's batched op
+# gradient of that loss alone, the others returned as values (a scanned aux: fission's batched op
 # looked free in the all-outputs gradient, which stores it anyway, and took 19x plain's memory).
-AUX_GRAD = "grad of the first output (has_aux)"
+AUX_GRAD = "grad of one scalar output (has_aux)"
 # ... and no bigger with the value returned (`jax.value_and_grad`, which the inputs cannot tell from `jax.grad`:
 # a loop the gradient does not need is in it; sin/cos w.r.t. x1 took 26200 B against plain's 25688 B) nor
 # without it (a fused loss kept "no bigger" with its value took 8708 B against 8388 B in `jax.grad` alone).
@@ -76,20 +76,21 @@ class Use:
     def program(self, closed, view: str):
         """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate).
         The gradient's views (`views`): as `jax.grad` runs it; with its value returned too, as
-        `jax.value_and_grad` does; and of the first output alone, the others returned (`has_aux`)."""
+        `jax.value_and_grad` does; and of one scalar output alone (`aux_loss`), the others returned (`has_aux`)."""
         if view == "forward":
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
             return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
-        if view == AUX_GRAD and not may_have_aux(closed):
-            return None     # no scalar first output and others: no has_aux call to judge
+        loss = aux_loss(closed)
+        if view == AUX_GRAD and loss is None:
+            return None     # no scalar float output beside others: no has_aux call to judge
         grads = [k for k, s in enumerate(self.steps) if isinstance(s, tuple) and s[0] == "grad"]
         for k, s in enumerate(self.steps):
             if closed is None or not isinstance(s, tuple):
                 continue
             if s[0] == "grad":
                 closed = gradient_program(closed, s[1], with_value=k == grads[-1] and view != self.label,
-                                          outs=(0,) if view == AUX_GRAD and k == 0 else None)
+                                          outs=(loss,) if view == AUX_GRAD and k == 0 else None)
             elif s[0] == "vmap":
                 closed = batched_program(closed, s[1], s[2])
             elif s[0] == "jvp":
@@ -133,10 +134,19 @@ def use_of(leaves) -> Use:
     return Use(tuple(steps))
 
 
-def may_have_aux(closed) -> bool:
-    """Could `closed` be called as `jax.grad(f, has_aux=True)`: a float scalar first output, others after it?"""
+def aux_loss(closed) -> int | None:
+    """The output `jax.grad(f, has_aux=True)` would differentiate, if `closed` could be called so: the first
+    float scalar among several outputs. Not only output 0: `{"loss": l, "aux": a}` flattens the aux first,
+    and `(aux, loss)` is the same program (an attack: 19x plain's bytes where only output 0 was judged)."""
     outs = closed.out_avals
-    return len(outs) > 1 and outs[0].shape == () and jnp.issubdtype(outs[0].dtype, jnp.floating)
+    if len(outs) < 2:
+        return None
+    return next((i for i, a in enumerate(outs) if a.shape == () and jnp.issubdtype(a.dtype, jnp.floating)), None)
+
+
+def may_have_aux(closed) -> bool:
+    """Could `closed` be called as `jax.grad(f, has_aux=True)`: a float scalar output, others beside it?"""
+    return aux_loss(closed) is not None
 
 
 def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):

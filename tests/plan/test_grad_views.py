@@ -1,6 +1,6 @@
 """The programs a known gradient use is judged as (`plan.use`): the gradient as `jax.grad` runs it, with its
 value returned too (what `jax.value_and_grad` runs; the inputs cannot tell the two apart), and, for a scalar
-first output with others, the gradient of the first output alone (`jax.grad(f, has_aux=True)`). A byte budget or "min" is
+float output among others, the gradient of that output alone (`jax.grad(f, has_aux=True)`). A byte budget or "min" is
 never given back for time, and an unmet budget is said even where no memory pass ran (attack round 9's
 findings 3 and 4, and what their fix exposed)."""
 import warnings
@@ -61,6 +61,19 @@ def test_a_has_aux_gradient_is_judged_without_the_aux_cotangent():
     assert len(both.jaxpr.outvars) == len(first.jaxpr.outvars) == 3
     run = lambda p: temp(lambda *a: jaxform._jax.eval_jaxpr(p, *a), *args)   # noqa: E731
     assert run(first) < run(both)
+
+
+def test_the_has_aux_loss_is_found_where_it_is():
+    """`{"loss": l, "aux": a}` flattens the aux first: the has_aux view differentiates the scalar, not output 0."""
+    from jaxform.plan.use import aux_loss
+    args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
+    swapped = jax.make_jaxpr(lambda w, zs: (lambda l, v: {"loss": l, "aux": v})(*_with_aux(w, zs)))(*args)
+    assert aux_loss(swapped) == 1 and aux_loss(jax.make_jaxpr(_with_aux)(*args)) == 0
+    first = GRAD_X1.program(swapped, AUX_GRAD)
+    # the returned values (aux, loss) and w's gradient, which the aux's cotangent does not reach: smaller
+    run = lambda p: temp(lambda *a: jaxform._jax.eval_jaxpr(p, *a), *args)   # noqa: E731
+    assert len(first.jaxpr.outvars) == 3 and run(first) < run(GRAD_X1.program(swapped, "grad" + WITH_VALUE))
+    assert aux_loss(jax.make_jaxpr(lambda w: (w, w * 2))(args[0])) is None    # no scalar: no has_aux call
 
 
 def test_judge_gives_back_no_bytes_a_budget_or_min_asks_for():
