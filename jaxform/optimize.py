@@ -286,7 +286,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                     first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
             sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
             starts = [sum(sizes[:k]) for k in range(len(sizes))]
+            # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient
+            vmapped = known and len(use.steps) > 1 and use.steps[1][0] == "vmap"
             with _plan.cost.first_argument_is(first, asked, known), \
+                    _plan.cost.gradient_batched(*(use.steps[1][1:] if vmapped else (None, None))), \
                     _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
@@ -330,7 +333,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         elif first is not None:
             first = [i + n for i in first]
         groups = [range(0, n)] + [range(r.start + n, r.stop + n) for r in _plan.cost.arguments()]
-        with _plan.cost.first_argument_is(first, asked, known), _plan.cost.arguments_are(groups), _jax.classic_loops():
+        batch = _plan.cost.batched_gradient()     # the values closed over are not batched
+        batch = (None, None) if batch is None else ((None,) * n + batch[0], batch[1])
+        with _plan.cost.first_argument_is(first, asked, known), _plan.cost.arguments_are(groups), \
+                _plan.cost.gradient_batched(*batch), _jax.classic_loops():
             chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=None, use=use2)
         decisions[:] = chosen.decisions

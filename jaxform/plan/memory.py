@@ -40,6 +40,7 @@ from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
 from ..passes.remat_program import candidates
 from . import cost, measure as _measure
+from .use import batched_program
 
 SQRT_MIN_LENGTH = 16
 # "auto" remats a loop body only where recomputing it costs at most this many FLOPs per byte it stops
@@ -319,8 +320,10 @@ def _subject() -> str:
     """How warnings name the gradient they quote: the one `jax.grad(f)` takes by default where `optimize`
     told the planner which inputs are the first argument, else the gradient w.r.t. every float input."""
     wrt = cost.first_argument()
-    return cost.asked_gradient() or ("the gradient of its first argument (what jax.grad takes by default)" if wrt
-                                     else "this program's gradient (w.r.t. every float input)")
+    batched = cost.batched_gradient()
+    return (cost.asked_gradient() or ("the gradient of its first argument (what jax.grad takes by default)" if wrt
+                                      else "this program's gradient (w.r.t. every float input)")) + \
+        (f", batched over {batched[1]} examples (jax.vmap)" if batched else "")
 
 
 def user_grad_temp(closed) -> int | None:
@@ -399,8 +402,12 @@ def recompute_choice(closed, memory, asked: str):
 
 
 def _xla_temp(closed) -> int:
-    """XLA's temp bytes of `closed`, through the planner's caches (`measure.temp_bytes`: a budget's
-    candidates are compiled once per machine, however often the pipeline is replayed)."""
+    """XLA's temp bytes of `closed` as the call runs it (batched under `jax.vmap(jax.grad(f))`,
+    `cost.gradient_batched`), through the planner's caches (`measure.temp_bytes`: a budget's candidates are
+    compiled once per machine, however often the pipeline is replayed)."""
+    batch = cost.batched_gradient()
+    if batch is not None and len(batch[0]) == len(closed.in_avals):
+        closed = batched_program(closed, *batch)
     t = _measure.temp_bytes(closed, _measure.Budget(math.inf))
     return cost.xla_temp(closed) if t is None else t
 

@@ -598,8 +598,8 @@ class _Planning:
             tried = [d for d in decisions if base_name_of(d) in MEMORY_PASSES and not d.kept]
             unmet_without(self.memory, worst.temp_bytes, worst.view, worst.memory_from == "XLA",
                           f"{tried[-1].pass_name} was rejected: {tried[-1].why}" if tried else
-                          "no memory pass proposed a change (remat_loops measures its loops' schedules on the "
-                          "gradient of one unbatched call)"
+                          "no memory pass proposed a change (its loops store nothing across steps that a schedule "
+                          "could drop)"
                           if any(base_name(p) in MEMORY_PASSES for p in self.pipeline) else
                           "the pipeline has no memory pass to meet it (remat_loops, remat_program)")
 
