@@ -9,6 +9,7 @@ output fails verification, is skipped with a warning (strict=True raises).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -148,6 +149,30 @@ def _aval_key(x):
     return (a.shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
 
 
+@contextlib.contextmanager
+def planning_contexts(args: tuple, positions: Sequence[int], use):
+    """What a call tells the planner beside its program (`optimize`'s wrapper, and `explain` to report what
+    that plans): which inputs the first argument is (`jax.grad`'s default), the gradient a known use takes
+    where its argnums differ, which inputs each argument is, and the batching of per-example gradients.
+    `positions`: the indices of `args` that are traced (not static)."""
+    first = range(len(jax.tree_util.tree_leaves(args[0]))) if list(positions[:1]) == [0] else None
+    asked = None
+    known = use is not None and use.known and bool(use.steps) and isinstance(use.steps[0], tuple) and \
+        use.steps[0][0] == "grad"
+    if known:
+        wrt = use.steps[0][1]
+        if first is None or set(wrt) != set(first):   # argnums other than the default
+            first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
+    sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient
+    vmapped = known and len(use.steps) > 1 and use.steps[1][0] == "vmap"
+    with _plan.cost.first_argument_is(first, asked, known), \
+            _plan.cost.gradient_batched(*(use.steps[1][1:] if vmapped else (None, None))), \
+            _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
+        yield
+
+
 def _pipeline(passes, exact: bool) -> list:
     if passes is None:
         return _passes.default_pipeline(exact)
@@ -276,21 +301,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         entry = uses.get(None) or uses.get(use)
         if entry is None:
             args_leaves[:] = [leaves]
-            first = range(len(jax.tree_util.tree_leaves(args[0]))) if positions[:1] == [0] else None
-            asked = None
-            known = use is not None and use.known and bool(use.steps) and isinstance(use.steps[0], tuple) and \
-                use.steps[0][0] == "grad"
-            if known:
-                wrt = use.steps[0][1]
-                if first is None or set(wrt) != set(first):   # argnums other than the default
-                    first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
-            sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
-            starts = [sum(sizes[:k]) for k in range(len(sizes))]
-            # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient
-            vmapped = known and len(use.steps) > 1 and use.steps[1][0] == "vmap"
-            with _plan.cost.first_argument_is(first, asked, known), \
-                    _plan.cost.gradient_batched(*(use.steps[1][1:] if vmapped else (None, None))), \
-                    _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
+            with planning_contexts(args, positions, use):
                 entry = _build(args, kwargs, len(leaves), use)
             args_leaves.clear()
             if entry[2]:

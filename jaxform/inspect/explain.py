@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from ..ir import Graph
 from ..ir.printing import diff
+from ..optimize import planning_contexts
 from ..passes import memory_pipeline
 from ..passes.remat_loops import check_memory, plan as loop_plan, reschedulable_why
 from ..passes.scan_reductions import blockers
@@ -142,13 +143,13 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
         how the result will be used: the forward alone, its derivatives as traced; docs/planner.md).
     """
     settings = getattr(fn, "jaxform_settings", None)
-    max_steps = None
+    max_steps, exact = None, False
     if settings is not None:   # an `optimize` wrapper: explain its function under its settings (not a re-plan
         fn = fn.__wrapped__    # of what it traces to), unless the call says otherwise
         passes = settings["passes"] if passes is None else passes
         loop_memory = settings["memory"] if loop_memory == "default" else loop_memory
         plan = settings["plan"] if plan is None else plan
-        max_steps = settings["max_steps"]
+        max_steps, exact = settings["max_steps"], settings["exact"]
     if loop_memory != "default":
         check_memory(loop_memory, where=f"jaxform.explain({program.fn_name(fn)}, loop_memory=...)")
     step = program.Progress(progress)
@@ -157,24 +158,26 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     stats: dict = {}
     if loop_memory == "default":
         loop_memory = "auto" if passes is None else None
-    pipe = [_with_stats(p, stats) for p in program.pipeline(passes)]
-    if loop_memory is not None:     # as `optimize(memory=...)` appends them
+    # as `optimize` builds it: exact=True keeps the exact passes and no memory pass
+    pipe = [_with_stats(p, stats) for p in program.pipeline(passes) if not exact or getattr(p, "exact", False)]
+    if loop_memory is not None and not exact:     # as `optimize(memory=...)` appends them
         pipe += memory_pipeline(loop_memory, max_steps, program.fn_name(fn))
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     planned = passes is None if plan is None else bool(plan)
     if planned:              # the default pipeline is planned, as in `optimize`: report each verdict
         use = UNKNOWN if for_use is None else for_use
-        with step("planning"):
-            chosen = plan_pipeline(closed, pipe, memory=loop_memory, use=use,
-                          example_args=flat)
+        # under what `optimize` tells the planner of a call (its first argument, argnums, batching)
+        with step("planning"), planning_contexts(args, range(len(args)), use):
+            chosen = plan_pipeline(closed, pipe, memory=loop_memory, use=use, example_args=flat)
         report.decisions = [str(d) for d in chosen.decisions]
         if chosen.budget is not None:
             report.planning = (f"planned for {chosen.use.label} in {chosen.seconds:.2f} s: {chosen.budget} "
                                "(~: memory predicted, else XLA's; *: time measured, else predicted)")
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
-    with step("running passes"):
-        after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
+    with step("running passes"), planning_contexts(args, range(len(args)), use if planned else UNKNOWN):
+        after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))   # (a budget's fit:
+        # the gradient that `optimize` fits, as planned)
     # the totals are the program the plan runs, never a replay that differs from it (a GPU demo reported a
     # forward 0.63x slower: the replay ran a pass the forward plan had rejected)
     if planned and chosen.partial:   # a pass kept for some loops only: the stages replay it whole
@@ -210,7 +213,9 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     report.eqns = (len(Graph.from_jaxpr(closed)), len(Graph.from_jaxpr(after)))
     if "fuse_scan_reductions" in report.passes:
         report.unfused = unfused_scans(Graph.from_jaxpr(after))
-    if loop_memory is not None and not report.derivatives and (not planned or chosen.use.differentiated):
+    remat_kept = not planned or chosen.use.differentiated and not any(
+        k in chosen.skipped for k, p in enumerate(pipe) if program.pass_name(p).startswith("remat_loops"))
+    if loop_memory is not None and not report.derivatives and remat_kept:
         planned = [a for name, b, a in stages if name.startswith("remat_loops")]
         unplanned = next((b for name, b, a in stages if name.startswith("remat_loops")), after)
         report.loops = loop_plans(Graph.from_jaxpr(unplanned), loop_memory)

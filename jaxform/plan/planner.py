@@ -47,7 +47,7 @@ from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
 from .memory import auto_budget, unmet_without
-from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program, may_have_aux
+from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -308,7 +308,8 @@ class _Costs:
     def views(self, closed) -> dict:
         key = _key(closed)
         if key not in self._views:
-            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.views() if self._judged(closed, v)},
+            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.views(closed)
+                                 if self._judged(closed, v)},
                                 closed)
         return self._views[key][0]
 
@@ -316,9 +317,9 @@ class _Costs:
         """Is `closed` judged in `view`? The value-returned and has_aux views only where it has loops (no
         loop rewrite to judge in a straight-line program, whose budget `plan.memory` checks against
         `jax.value_and_grad` itself: two more compiles of a whole train step's gradient would buy nothing),
-        the has_aux one only for a scalar float output among others (`use.aux_loss`)."""
-        if view == AUX_GRAD:
-            return self.loops and may_have_aux(closed)
+        the has_aux ones only for scalar float outputs among others (`use.aux_losses`)."""
+        if view.startswith(AUX_GRAD):
+            return self.loops
         return not view.endswith(WITH_VALUE) or self.loops
 
     def model(self, closed) -> Cost:
@@ -444,8 +445,8 @@ def _plan_each_use(closed, pipeline, **kw) -> Plan:
     measuring = _measuring(kw["tune"])
     check = _Planning(closed, list(pipeline), kw["memory"], kw["strict"], kw["where"],
                       _Costs(UNKNOWN, fwd.budget, kw["example_args"], measuring, bool(kw["tune"])), use_unknown=True)
-    if check.only_inlined(fwd.closed):
-        return Plan(fwd.closed, decisions, fwd.skipped, fwd.partial, use=UNKNOWN, budget=fwd.budget,
+    if check.only_inlined(fwd.closed):     # (its derivatives are the traced program's, inlined: as traced)
+        return Plan(fwd.closed, decisions, fwd.skipped, fwd.partial, fwd.closed, use=UNKNOWN, budget=fwd.budget,
                     seconds=time.perf_counter() - t0)
     joined = with_derivatives_of(fwd.closed, closed)
     over = check.bigger(joined) if measuring else None

@@ -26,7 +26,8 @@ HYPOTHETICAL_GRAD = "grad (if used)"
 # inputs cannot tell `jax.grad(f, has_aux=True)` from `jax.vjp`): a rewrite must also be no bigger in the
 # gradient of that loss alone, the others returned as values (a scanned aux: fission's batched op
 # looked free in the all-outputs gradient, which stores it anyway, and took 19x plain's memory).
-AUX_GRAD = "grad of one scalar output (has_aux)"
+AUX_GRAD = "grad of one scalar output alone (has_aux)"     # one view per scalar output: `aux_view(k)`
+AUX_VIEWS = 3      # at most this many scalar outputs judged as a has_aux loss each (one compile per candidate each)
 # ... and no bigger with the value returned (`jax.value_and_grad`, which the inputs cannot tell from `jax.grad`:
 # a loop the gradient does not need is in it; sin/cos w.r.t. x1 took 26200 B against plain's 25688 B) nor
 # without it (a fused loss kept "no bigger" with its value took 8708 B against 8388 B in `jax.grad` alone).
@@ -62,35 +63,37 @@ class Use:
         Not the forward of a program that is already a gradient: it is run as it is, never differentiated."""
         if view == HYPOTHETICAL_GRAD:
             return True
-        return view in (self.label, self.label + WITH_VALUE, AUX_GRAD) and \
+        return (view in (self.label, self.label + WITH_VALUE) or view.startswith(AUX_GRAD)) and \
             any(isinstance(s, tuple) and s[0] == "grad" for s in self.steps)
 
-    def views(self) -> tuple[str, ...]:
-        """The programs a candidate is judged as, by name: one per use, two when the use is unknown."""
+    def views(self, closed=None) -> tuple[str, ...]:
+        """The programs a candidate is judged as, by name: one per use, two when the use is unknown; under a
+        gradient, its value returned too, and each scalar output of `closed` as a has_aux loss (`aux_view`)."""
         if not self.known:
             return ("forward", HYPOTHETICAL_GRAD)
         first = self.steps[0] if self.steps else None
         grad = isinstance(first, tuple) and first[0] == "grad"
-        return (self.label,) + ((self.label + WITH_VALUE, AUX_GRAD) if grad else ())
+        aux = tuple(aux_view(k) for k in aux_losses(closed)) if grad and closed is not None else ()
+        return (self.label,) + ((self.label + WITH_VALUE,) + aux if grad else ())
 
     def program(self, closed, view: str):
         """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate).
         The gradient's views (`views`): as `jax.grad` runs it; with its value returned too, as
-        `jax.value_and_grad` does; and of one scalar output alone (`aux_loss`), the others returned (`has_aux`)."""
+        `jax.value_and_grad` does; and of each scalar output alone (`aux_losses`), the others returned (`has_aux`)."""
         if view == "forward":
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
             return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
-        loss = aux_loss(closed)
-        if view == AUX_GRAD and loss is None:
-            return None     # no scalar float output beside others: no has_aux call to judge
+        loss = int(view[len(AUX_GRAD) + len(" #"):]) if view.startswith(AUX_GRAD + " #") else None
+        if view.startswith(AUX_GRAD) and loss not in aux_losses(closed):
+            return None     # no such scalar float output beside others: no has_aux call to judge
         grads = [k for k, s in enumerate(self.steps) if isinstance(s, tuple) and s[0] == "grad"]
         for k, s in enumerate(self.steps):
             if closed is None or not isinstance(s, tuple):
                 continue
             if s[0] == "grad":
                 closed = gradient_program(closed, s[1], with_value=k == grads[-1] and view != self.label,
-                                          outs=(loss,) if view == AUX_GRAD and k == 0 else None)
+                                          outs=(loss,) if loss is not None and k == 0 else None)
             elif s[0] == "vmap":
                 closed = batched_program(closed, s[1], s[2])
             elif s[0] == "jvp":
@@ -134,19 +137,22 @@ def use_of(leaves) -> Use:
     return Use(tuple(steps))
 
 
-def aux_loss(closed) -> int | None:
-    """The output `jax.grad(f, has_aux=True)` would differentiate, if `closed` could be called so: the first
-    float scalar among several outputs. Not only output 0: `{"loss": l, "aux": a}` flattens the aux first,
-    and `(aux, loss)` is the same program (an attack: 19x plain's bytes where only output 0 was judged)."""
+def aux_losses(closed) -> list[int]:
+    """The outputs `jax.grad(f, has_aux=True)` could differentiate, if `closed` could be called so: each float
+    scalar among several outputs (AUX_VIEWS of them at most: the first ones and the last). Not only output 0: `{"loss": l, "aux": a}` flattens the
+    aux first; nor only the first scalar: `{"acc": mean(a), "aux": a, "loss": l}` flattens the accuracy first
+    (attacks: 19x plain's bytes where only output 0, then only the first scalar, was judged)."""
     outs = closed.out_avals
     if len(outs) < 2:
-        return None
-    return next((i for i, a in enumerate(outs) if a.shape == () and jnp.issubdtype(a.dtype, jnp.floating)), None)
+        return []
+    scalars = [i for i, a in enumerate(outs) if a.shape == () and jnp.issubdtype(a.dtype, jnp.floating)]
+    # past AUX_VIEWS: the first ones and the last (metrics before the loss: `{"a1".., "aux", "loss"}`)
+    return scalars if len(scalars) <= AUX_VIEWS else scalars[:AUX_VIEWS - 1] + scalars[-1:]
 
 
-def may_have_aux(closed) -> bool:
-    """Could `closed` be called as `jax.grad(f, has_aux=True)`: a float scalar output, others beside it?"""
-    return aux_loss(closed) is not None
+def aux_view(k: int) -> str:
+    """The view of output `k` as the has_aux loss, the others returned without a cotangent."""
+    return f"{AUX_GRAD} #{k}"
 
 
 def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):

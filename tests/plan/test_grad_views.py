@@ -15,7 +15,7 @@ import jaxform
 from jaxform import passes as P
 from jaxform.plan import planner
 from jaxform.plan.planner import Cost, ViewCost
-from jaxform.plan.use import AUX_GRAD, WITH_VALUE, Use
+from jaxform.plan.use import WITH_VALUE, Use, aux_losses, aux_view
 
 from plan.programs import sincos
 
@@ -41,13 +41,13 @@ def _with_aux(w, zs):
 
 def test_a_gradient_is_judged_with_and_without_its_value():
     closed = jax.make_jaxpr(sincos)(*_sincos_args())
-    assert GRAD_X1.views() == ("grad", "grad" + WITH_VALUE, AUX_GRAD)
+    assert GRAD_X1.views() == ("grad", "grad" + WITH_VALUE) == GRAD_X1.views(closed)   # one output: no has_aux
     grad, valued = GRAD_X1.program(closed, "grad"), GRAD_X1.program(closed, "grad" + WITH_VALUE)
     # x1's gradient alone; then the loss too: sincos's loop does not read x1, yet its value needs the loop
     assert [tuple(v.aval.shape) for v in grad.jaxpr.outvars] == [(8, 16)]
     assert [tuple(v.aval.shape) for v in valued.jaxpr.outvars] == [(), (8, 16)]
     assert any(e.primitive.name == "scan" for e in valued.jaxpr.eqns)
-    assert GRAD_X1.program(closed, AUX_GRAD) is None      # one output: no has_aux call to judge
+    assert GRAD_X1.program(closed, aux_view(0)) is None      # one output: no has_aux call to judge
     # a gradient taken of a gradient is judged without the inner one's value (it is not returned)
     hess = Use((("grad", (0,)), ("grad", (0,))))
     assert len(hess.program(closed, "grad(grad)" + WITH_VALUE).jaxpr.outvars) == 2   # the inner gradient, x1's
@@ -56,7 +56,8 @@ def test_a_gradient_is_judged_with_and_without_its_value():
 def test_a_has_aux_gradient_is_judged_without_the_aux_cotangent():
     args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
     closed = jax.make_jaxpr(_with_aux)(*args)
-    both, first = GRAD_X1.program(closed, "grad" + WITH_VALUE), GRAD_X1.program(closed, AUX_GRAD)
+    assert GRAD_X1.views(closed) == ("grad", "grad" + WITH_VALUE, aux_view(0))
+    both, first = GRAD_X1.program(closed, "grad" + WITH_VALUE), GRAD_X1.program(closed, aux_view(0))
     # both return the loss, the aux and w's gradient; only the first gives the aux a cotangent
     assert len(both.jaxpr.outvars) == len(first.jaxpr.outvars) == 3
     run = lambda p: temp(lambda *a: jaxform._jax.eval_jaxpr(p, *a), *args)   # noqa: E731
@@ -64,16 +65,20 @@ def test_a_has_aux_gradient_is_judged_without_the_aux_cotangent():
 
 
 def test_the_has_aux_loss_is_found_where_it_is():
-    """`{"loss": l, "aux": a}` flattens the aux first: the has_aux view differentiates the scalar, not output 0."""
-    from jaxform.plan.use import aux_loss
+    """`{"loss": l, "aux": a}` flattens the aux first, `{"acc": mean(a), "aux": a, "loss": l}` the accuracy
+    first: each scalar output is judged as the has_aux loss (round 10 and 11's attacks), not output 0."""
     args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
     swapped = jax.make_jaxpr(lambda w, zs: (lambda l, v: {"loss": l, "aux": v})(*_with_aux(w, zs)))(*args)
-    assert aux_loss(swapped) == 1 and aux_loss(jax.make_jaxpr(_with_aux)(*args)) == 0
-    first = GRAD_X1.program(swapped, AUX_GRAD)
+    acc = jax.make_jaxpr(lambda w, zs: (lambda l, v: {"acc": jnp.mean(v), "aux": v, "loss": l})(
+        *_with_aux(w, zs)))(*args)
+    assert aux_losses(swapped) == [1] and aux_losses(jax.make_jaxpr(_with_aux)(*args)) == [0]
+    assert aux_losses(acc) == [0, 2] and GRAD_X1.views(acc)[2:] == (aux_view(0), aux_view(2))
+    first = GRAD_X1.program(swapped, aux_view(1))
     # the returned values (aux, loss) and w's gradient, which the aux's cotangent does not reach: smaller
     run = lambda p: temp(lambda *a: jaxform._jax.eval_jaxpr(p, *a), *args)   # noqa: E731
     assert len(first.jaxpr.outvars) == 3 and run(first) < run(GRAD_X1.program(swapped, "grad" + WITH_VALUE))
-    assert aux_loss(jax.make_jaxpr(lambda w: (w, w * 2))(args[0])) is None    # no scalar: no has_aux call
+    assert run(GRAD_X1.program(acc, aux_view(2))) < run(GRAD_X1.program(acc, aux_view(0)))   # the loss alone
+    assert aux_losses(jax.make_jaxpr(lambda w: (w, w * 2))(args[0])) == []    # no scalar: no has_aux call
 
 
 def test_judge_gives_back_no_bytes_a_budget_or_min_asks_for():
