@@ -161,7 +161,9 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
         use.steps[0][0] == "grad"
     if known:
         wrt = use.steps[0][1]
-        if first is None or set(wrt) != set(first):   # argnums other than the default
+        if wrt is None:      # (a use built by hand, `Use((("grad", None),))`: every float input)
+            first = None
+        elif first is None or set(wrt) != set(first):   # argnums other than the default
             first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
     sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
