@@ -46,7 +46,7 @@ from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
-from .memory import auto_budget, unmet_without
+from .memory import auto_budget, budgeted_temp, unmet_without
 from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
@@ -593,7 +593,15 @@ class _Planning:
                 any("cannot fit" in str(w.message) for w in self.said):
             return
         got = self.costs.model(chosen)
-        grads = [v for v in got.views if self.costs.use.differentiates(v.view)]
+        if self.costs.use.known:
+            grads = [v for v in got.views if self.costs.use.differentiates(v.view)]
+        else:   # a jit trace: its hypothetical gradient is every float input's, the budget the first argument's
+            try:            # (the gradient `jax.grad` takes by default, as the memory passes fit it)
+                left, valued = budgeted_temp(chosen)
+            except Exception:   # noqa: BLE001 - nothing XLA can differentiate: nothing to say
+                return
+            grads = [] if left is None else [ViewCost("jax.value_and_grad" if valued else "jax.grad", left, None,
+                                                      "XLA")]
         worst = max(grads, key=lambda v: v.temp_bytes, default=None)
         if worst is not None and worst.temp_bytes > self.memory:
             tried = [d for d in decisions if base_name_of(d) in MEMORY_PASSES and not d.kept]
