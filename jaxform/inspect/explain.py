@@ -165,9 +165,10 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
     stages: list = []
     report = Report(program.fn_name(fn), [program.pass_name(p) for p in pipe], reps=reps)
     planned = passes is None if plan is None else bool(plan)
+    use = for_use if planned and for_use is not None else UNKNOWN
+    # planned and replayed under what `optimize` tells the planner of a call (its first argument, argnums,
+    # batching): a budget's fit is of the gradient `optimize` fits
     if planned:              # the default pipeline is planned, as in `optimize`: report each verdict
-        use = UNKNOWN if for_use is None else for_use
-        # under what `optimize` tells the planner of a call (its first argument, argnums, batching)
         with step("planning"), planning_contexts(args, range(len(args)), use):
             chosen = plan_pipeline(closed, pipe, memory=loop_memory, use=use, example_args=flat)
         report.decisions = [str(d) for d in chosen.decisions]
@@ -175,9 +176,8 @@ def explain(fn: Callable, *args, passes: Sequence | str | None = None, memory: b
             report.planning = (f"planned for {chosen.use.label} in {chosen.seconds:.2f} s: {chosen.budget} "
                                "(~: memory predicted, else XLA's; *: time measured, else predicted)")
         pipe = [p for k, p in enumerate(pipe) if k not in chosen.skipped]
-    with step("running passes"), planning_contexts(args, range(len(args)), use if planned else UNKNOWN):
-        after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))   # (a budget's fit:
-        # the gradient that `optimize` fits, as planned)
+    with step("running passes"), planning_contexts(args, range(len(args)), use):
+        after = program.run(closed, pipe, lambda name, b, a: stages.append((name, b, a)))
     # the totals are the program the plan runs, never a replay that differs from it (a GPU demo reported a
     # forward 0.63x slower: the replay ran a pass the forward plan had rejected)
     if planned and chosen.partial:   # a pass kept for some loops only: the stages replay it whole

@@ -84,7 +84,7 @@ class Use:
             return closed
         if view == HYPOTHETICAL_GRAD and not self.known:
             return gradient_program(closed)     # (the final guard measures it behind a jit boundary, as JAX runs it)
-        loss = int(view[len(AUX_GRAD) + len(" #"):]) if view.startswith(AUX_GRAD + " #") else None
+        loss = aux_index(view)
         if view.startswith(AUX_GRAD) and loss not in aux_losses(closed):
             return None     # no such scalar float output beside others: no has_aux call to judge
         grads = [k for k, s in enumerate(self.steps) if isinstance(s, tuple) and s[0] == "grad"]
@@ -153,6 +153,11 @@ def aux_losses(closed) -> list[int]:
 def aux_view(k: int) -> str:
     """The view of output `k` as the has_aux loss, the others returned without a cotangent."""
     return f"{AUX_GRAD} #{k}"
+
+
+def aux_index(view: str) -> int | None:
+    """The output `aux_view` names, or None for any other view."""
+    return int(view[len(AUX_GRAD) + 2:]) if view.startswith(AUX_GRAD + " #") else None
 
 
 def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):

@@ -15,7 +15,7 @@ import jaxform
 from jaxform import passes as P
 from jaxform.plan import planner
 from jaxform.plan.planner import Cost, ViewCost
-from jaxform.plan.use import WITH_VALUE, Use, aux_losses, aux_view
+from jaxform.plan.use import WITH_VALUE, Use, aux_index, aux_losses, aux_view
 
 from plan.programs import sincos
 
@@ -73,6 +73,7 @@ def test_the_has_aux_loss_is_found_where_it_is():
         *_with_aux(w, zs)))(*args)
     assert aux_losses(swapped) == [1] and aux_losses(jax.make_jaxpr(_with_aux)(*args)) == [0]
     assert aux_losses(acc) == [0, 2] and GRAD_X1.views(acc)[2:] == (aux_view(0), aux_view(2))
+    assert [aux_index(v) for v in GRAD_X1.views(acc)] == [None, None, 0, 2]
     first = GRAD_X1.program(swapped, aux_view(1))
     # the returned values (aux, loss) and w's gradient, which the aux's cotangent does not reach: smaller
     run = lambda p: temp(lambda *a: jaxform._jax.eval_jaxpr(p, *a), *args)   # noqa: E731
