@@ -7,8 +7,9 @@ values): a ratio between the two, as a decision needs, not an absolute figure. A
 loop is timed only on the call's own values (its trip count may depend on them).
 
 Answers are cached in memory for the process and on disk (`JAXFORM_TUNE_CACHE`, default
-`~/.cache/jaxform/tune`), keyed like JAX's compilation cache: the program's text and constants, backend,
-device kind, JAX version and XLA flags. The cache holds measurements, never programs: a stale or
+`~/.cache/jaxform/tune`), keyed like JAX's compilation cache: the module XLA compiles and the constants'
+bytes, backend, device kind, JAX version, XLA flags and configuration; in memory, by the identity rule
+(`ir.identity.structure`), never by a jaxpr's printed text. The cache holds measurements, never programs: a stale or
 colliding entry can only pick the slower or bigger of two correct programs, never a wrong one.
 
 A `Budget` bounds what one plan spends here (compiles and runs); past it, decisions fall back to the
@@ -16,9 +17,11 @@ model and say so.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -31,7 +34,7 @@ import numpy as np
 
 from .. import _jax
 from ..ir import Graph
-from ..ir.identity import is_impure
+from ..ir.identity import is_impure, structure
 
 REPS = 7              # timing rounds for two cheap programs (interleaved; the min of each is kept)
 RUN_SECONDS = 0.25    # ... a program running longer than this gets MIN_REPS samples, its warm-up one of them
@@ -105,21 +108,91 @@ def _machine_key() -> str:
                      str(getattr(jax.config, "jax_threefry_partitionable", "")), *config])
 
 
-def program_key(closed) -> str:
-    """A digest of the program: its text, its constants' values, and the machine that runs it."""
-    h = hashlib.sha256()
-    h.update(str(closed.jaxpr).encode())
+LOCAL = "local-"             # a key never written to or read from the disk
+_local = itertools.count()
+UNSHARED = "unshared"
+HOST_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback", "debug_print"})
+
+
+def _identity(closed, graph: Graph):
+    """The in-process key of a program: `identity.structure` (callables, custom rules and constants by
+    identity). A program with an unhashable param is equal only to itself (the entry holds it, so its id
+    is not reused)."""
+    try:
+        key = structure(graph)
+        hash(key)
+        return key
+    except TypeError:
+        return (UNSHARED, id(closed))
+
+
+@dataclass
+class _Program:
+    """One candidate as XLA sees it: named by `key`, lowered and compiled on demand, once per plan."""
+    closed: object
+    key: str
+    lowered: object = None
+    compiled: object = None
+
+
+KEYS_KEPT = 512           # programs whose disk key this process remembers (lowering one again costs ~4% of
+_keys: collections.OrderedDict = collections.OrderedDict()  # a compile; the memory passes ask again and again)
+
+
+def _program(closed, budget: Budget) -> _Program:
+    graph = Graph.from_jaxpr(closed)
+    ident = _identity(closed, graph)
+    prog = budget._memo.get(ident)
+    if prog is None:
+        prog = budget._memo[ident] = _Program(closed, _keys.get(ident))
+        if prog.key is None:
+            prog.key = _key_of(_lowered(prog, budget), closed, graph)
+            if ident[0] != UNSHARED:        # (its id may be reused once the program is gone)
+                _keys[ident] = prog.key
+            if len(_keys) > KEYS_KEPT:
+                _keys.popitem(last=False)
+        else:
+            _keys.move_to_end(ident)
+    return prog
+
+
+def _lowered(prog: _Program, budget: Budget):
+    if prog.lowered is None:
+        t0 = time.perf_counter()
+        prog.lowered = jax.jit(functools.partial(_jax.eval_jaxpr, prog.closed)).lower(
+            *[_jax.spec_of(a) for a in prog.closed.in_avals])
+        took = time.perf_counter() - t0
+        budget.spent += took
+        budget.compile_spent += took
+    return prog.lowered
+
+
+def _key_of(lowered, closed, graph: Graph) -> str:
+    """The disk cache's key, like JAX's persistent compilation cache: the module XLA compiles, every
+    constant's bytes, and the machine. Never the jaxpr's printed text, which JAX prints alike for two
+    different callbacks. A module calling back into Python names its callback by an index, not by the
+    function: like JAX, such a program is never shared through the disk (its key is this process's own)."""
+    if any(n.name in HOST_CALLBACKS for n, _ in graph.walk()):
+        return f"{LOCAL}{os.getpid()}-{next(_local)}"
+    h = hashlib.sha256(lowered.as_text().encode())
     for c in closed.consts:
         with jax.ensure_compile_time_eval():    # a concrete key's bits, even while an outer jit traces
             a = np.asarray(_jax.key_data(c) if _jax.is_typed_key(c) else c)
         h.update(str(getattr(c, "dtype", "")).encode())     # (a typed key: its impl, then its bits)
         h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes()[:1 << 20])
+        h.update(np.ascontiguousarray(a).tobytes())
     h.update(_machine_key().encode())
     return h.hexdigest()
 
 
+def program_key(closed, budget: Budget | None = None) -> str:
+    """The disk cache's key of `closed` (see `_key_of`); lowered once per `budget`."""
+    return _program(closed, budget if budget is not None else Budget(math.inf)).key
+
+
 def _disk(key: str, value=None):
+    if key.startswith(LOCAL):
+        return value
     path = os.path.join(cache_dir(), key[:2], key + ".json")
     if value is None:
         try:
@@ -175,11 +248,11 @@ def measurable(closed) -> bool:
 
 
 def _compiled(closed, budget: Budget):
-    key = program_key(closed)
-    if key not in budget._memo:
+    prog = _program(closed, budget)
+    if prog.compiled is None:
+        lowered = _lowered(prog, budget)
         t0 = time.perf_counter()
-        fn = jax.jit(functools.partial(_jax.eval_jaxpr, closed))
-        budget._memo[key] = fn.lower(*[_jax.spec_of(a) for a in closed.in_avals]).compile()
+        prog.compiled = lowered.compile()
         budget.compiles += 1
         _tick()
         took = time.perf_counter() - t0
@@ -189,7 +262,7 @@ def _compiled(closed, budget: Budget):
             budget.first_compile = took
         if budget.seconds is None:
             budget.seconds = max(BUDGET_SECONDS, BUDGET_COMPILES * took)
-    return budget._memo[key]
+    return prog.compiled
 
 
 def compile_seconds(closed) -> float:
@@ -204,7 +277,10 @@ def temp_bytes(closed, budget: Budget) -> int | None:
     """XLA's temp bytes of `closed`, from the caches or compiled now; None if it cannot be compiled here."""
     if closed is None or not measurable(closed):
         return None
-    key = program_key(closed)
+    try:
+        key = program_key(closed, budget)
+    except Exception:  # noqa: BLE001 - a program that cannot be lowered alone: the model decides
+        return None
     hit = _disk(key)
     if hit is not None and "temp" in hit:
         budget.from_cache += 1
@@ -257,7 +333,12 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
         return None
     if impure(before) or impure(after):
         return None      # running it would run the user's callbacks: planning must not
-    key = hashlib.sha256((program_key(before) + program_key(after)).encode()).hexdigest()
+    try:
+        keys = program_key(before, budget), program_key(after, budget)
+        key = hashlib.sha256("".join(keys).encode()).hexdigest()
+        key = LOCAL + key if any(k.startswith(LOCAL) for k in keys) else key
+    except Exception:  # noqa: BLE001 - a program that cannot be lowered alone: the model times it
+        return None
     hit = _disk(key)
     if hit is not None and "seconds" in hit:
         budget.from_cache += 1

@@ -275,3 +275,43 @@ def test_no_gigabytes_made_up_to_time_a_program():
                                                jax.ShapeDtypeStruct((), jnp.int32))
     args, real = measure._inputs(small, None)
     assert not real and [(a.shape, a.dtype) for a in args] == [((4, 3), jnp.bfloat16), ((), jnp.int32)]
+
+
+# ---- the cache of measurements keeps the identity rule ------------------------------------------------------
+
+def _callback_program(fn):
+    out = jax.ShapeDtypeStruct((3,), jnp.float32)
+    return jax.make_jaxpr(lambda x: jax.pure_callback(fn, out, x) * 2.0)(jnp.ones(3, jnp.float32))
+
+
+def test_programs_printed_alike_are_not_one_cache_entry(tmp_path):
+    """Two programs whose jaxprs print alike (JAX masks a callback's address): each is compiled for itself,
+    and neither is shared through the disk (its lowered module names the callback by an index only). The
+    cache was keyed by the printed jaxpr: the second took the first one's compiled program."""
+    a, b = _callback_program(lambda x: x + 1), _callback_program(lambda x: x * 2)
+    assert str(a) == str(b)
+    budget = measure.Budget()
+    assert measure._compiled(a, budget) is not measure._compiled(b, budget)
+    assert budget.compiles == 2
+    assert measure.program_key(a, budget) != measure.program_key(b, budget)
+    assert measure.temp_bytes(a, budget) is not None
+    assert not list(tmp_path.rglob("*.json"))          # nothing written for a program that calls back
+
+
+def test_a_constant_is_keyed_by_all_its_bytes():
+    """The key hashed a constant's first MiB: two programs differing past it shared their measurements."""
+    big = np.zeros(600_000, np.float32)
+    other = big.copy()
+    other[-1] = 1.0
+    a, b = (jax.make_jaxpr(lambda x, c=c: x + c)(jnp.ones(600_000, np.float32)) for c in (big, other))
+    assert str(a) == str(b)
+    assert measure.program_key(a) != measure.program_key(b)
+
+
+def test_the_same_program_traced_again_is_one_disk_entry():
+    """The disk cache serves a later plan (another trace, another process) of the same program."""
+    fn, args = PROGRAMS["rnn_mse"]
+    first, again = measure.Budget(), measure.Budget()
+    t1 = measure.temp_bytes(jax.make_jaxpr(fn)(*args), first)
+    t2 = measure.temp_bytes(jax.make_jaxpr(fn)(*args), again)
+    assert t1 == t2 and (first.compiles, again.compiles, again.from_cache) == (1, 0, 1)
