@@ -140,17 +140,19 @@ def checkpointed(closed, bounds: list[int], policy: str):
     return jax.make_jaxpr(program)(*[_jax.spec_of(a) for a in closed.in_avals])
 
 
-def candidates(closed, cheapest_first: bool = False):
+CHEAPEST_FIRST = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)]
+LIKELIEST_FIRST = [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
+WIDEST = ("all", 4)     # recomputes the whole forward: where even it frees nothing, nothing will
+
+
+def candidates(closed, cheapest_first: bool = False, order: list | None = None):
     """(name, program) for each schedule worth measuring, the likeliest to save first, or with
     cheapest_first the one recomputing least first (matmul results kept; then all but the last of 2, 4, 8,
-    16 segments: half, 3/4, ... of the forward; then all of it), a generator: each is traced only when
-    asked for."""
+    16 segments: half, 3/4, ... of the forward; then all of it), or in `order` ((policy, segments) pairs),
+    a generator: each is traced only when asked for."""
     n = len(closed.jaxpr.eqns)
-    order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
-        if cheapest_first else \
-        [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
     seen = set()
-    for policy, k in order:
+    for policy, k in order or (CHEAPEST_FIRST if cheapest_first else LIKELIEST_FIRST):
         if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:
             continue
         b = tuple(boundaries(closed.jaxpr, k)) if k > 1 else ()
