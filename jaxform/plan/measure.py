@@ -142,12 +142,13 @@ _keys: collections.OrderedDict = collections.OrderedDict()  # a compile; the mem
 def _program(closed, budget: Budget) -> _Program:
     graph = Graph.from_jaxpr(closed)
     ident = _identity(closed, graph)
+    ident = (ident, _machine_key())        # (lowered under another context, it is another program: round 12)
     prog = budget._memo.get(ident)
     if prog is None:
         prog = budget._memo[ident] = _Program(closed, _keys.get(ident))
         if prog.key is None:
             prog.key = _key_of(_lowered(prog, budget), closed, graph)
-            if ident[0] != UNSHARED:        # (its id may be reused once the program is gone)
+            if ident[0][0] != UNSHARED:     # (its id may be reused once the program is gone)
                 _keys[ident] = prog.key
             if len(_keys) > KEYS_KEPT:
                 _keys.popitem(last=False)

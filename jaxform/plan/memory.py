@@ -38,7 +38,7 @@ from ..passes.pipeline import user_stacklevel as pipeline_stacklevel
 from ..ir import Graph
 from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
-from ..passes.remat_program import WIDEST, candidates
+from ..passes.remat_program import FINEST_FIRST, candidates, checkpointed, schedules
 from . import cost, measure as _measure
 from .use import batched_program
 
@@ -51,7 +51,7 @@ MAX_FLOPS_PER_SAVED_BYTE = 100
 MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
 ORDERS_APART = 0.9          # the other order is named where it reaches this share of this one's memory or less
 GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
-OTHER_ORDER_SEGMENTS = (4, 8, 2, 16)   # the other order's schedules, measured in this order
+OTHER_ORDER_SEGMENTS = (16, 8, 4, 2)   # the other order's schedules, measured in this order: the finest first
 PROBE_AFTER = 2             # a budget's cheapest candidates that saved nothing before the widest is measured
 AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
 AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
@@ -234,20 +234,23 @@ def choose(closed, memory, asked: str | None = None):
     # cheapest_first=True)`: matmul results kept, then half, 3/4, ... of the forward): each compiled only if
     # the ones recomputing less did not fit; "min" takes the least, so compiles them all
     # a budget is met by `jax.value_and_grad`'s program too (train steps take the value; XLA may schedule it bigger)
-    scored, tried, widest = [], 0, False    # (widest: a schedule that recomputes everything was tried)
+    scored, tried, finest = [], 0, None     # (finest: the finest cut's name, once measured; till then no
+                                            # giving up: finer cuts store less, round 12)
     with_value = {}                         # name -> value_and_grad temp, where jax.grad's fit and it did not
-    probed: dict = {}                       # name -> temp of the widest, measured out of turn
+    probed: dict = {}                       # name -> temp of the finest cut, measured out of turn
     gave_up = False
     saves = lambda m: m is not None and m <= (1 - MIN_SAVING / 2) * plain
+    cut = next(schedules(closed, FINEST_FIRST), None)      # (name, policy, boundaries) of the finest cut
     for name, prog in candidates(closed, cheapest_first=budget):
         tried += name not in probed
         m = probed.pop(name) if name in probed else measure(prog)
-        if budget and tried == PROBE_AFTER and not widest and not saves(m) and not any(saves(s[2]) for s in scored):
-            # the cheapest saved nothing: the widest next (out of turn) tells whether anything will, before
+        finest = finest or (name if cut is not None and name == cut[0] else None)
+        if tried == PROBE_AFTER and cut is not None and finest is None and not saves(m) and \
+                not any(saves(s[2]) for s in scored):
+            # the first two saved nothing: the finest cut next (out of turn) tells whether anything will, before
             # the ones in between are compiled (on XLA:CPU of JAX 0.10 nothing does: 6 compiles -> 3)
-            for wname, wprog in candidates(closed, order=[WIDEST]):
-                probed[wname] = measure(wprog)
-                tried, widest = tried + 1, True
+            probed[cut[0]] = measure(checkpointed(closed, list(cut[2]), cut[1]))
+            tried, finest = tried + 1, cut[0]
         if m is not None and m < plain:
             mu = user(prog, m)
             if mu is not None and mu <= plain_user:      # never bigger than plain, in either gradient
@@ -256,8 +259,7 @@ def choose(closed, memory, asked: str | None = None):
                         return name, prog, m, None
                     with_value[name] = mv
                 scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0, mu))
-        widest |= name.startswith("all")
-        if tried >= GIVE_UP_AFTER and widest and not any(saves(s[2]) for s in scored) and \
+        if tried >= GIVE_UP_AFTER and finest is not None and not any(saves(s[2]) for s in scored) and \
                 not any(saves(w) for w in probed.values()):
             gave_up = True
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
@@ -266,7 +268,7 @@ def choose(closed, memory, asked: str | None = None):
             vg = value_and_grad_temp(closed) if budget and plain_user <= memory else 0   # (compiled above: cached)
             valued = f", and jax.value_and_grad's program, which also returns the value, at {_mib(vg)}" \
                 if budget and vg > memory else ""     # (what misses the budget where the gradient alone fits it)
-            measured = (f"XLA measured {tried} candidates, the one recomputing the whole forward among them"
+            measured = (f"XLA measured {tried} candidates, the finest cut among them"
                         if gave_up else "XLA measured each candidate")
             _cannot_fit(asked, plain_user, f"no segment checkpointing makes it smaller ({measured}); the program "
                                            f"is left as it is, its gradient stays at {_mib(plain_user)}{valued}." +
@@ -299,24 +301,24 @@ def _other_order(closed, memory, reached: int) -> str:
     gradient program (`jax.grad`'s, the first argument's where known) with its residuals recomputed in its
     backward (`passes.recompute`, k segments). Said only where it is 10% less than `reached` (issue 38: the LM
     at 25% reached 23.00 MiB this way and 18.07 MiB the other). A budget stops at the first schedule that
-    reaches that; both stop once PROBE_AFTER of them saved nothing (XLA reuses nothing from recomputation
-    here: 5 compiles -> 3, where most budgets that fall short are)."""
+    reaches that; both stop where the finest cut saves nothing (XLA reuses nothing from recomputation
+    here: 5 compiles -> 2, where most budgets that fall short are)."""
     gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None)
     if gp is None or not is_gradient(gp):
         return ""
     plain, best = _xla_temp(gp), None
     if plain == 0 or (not isinstance(memory, str) and plain <= memory):
         return ""          # (as recompute_choice: nothing that order would do)
-    for tried, k in enumerate(OTHER_ORDER_SEGMENTS, 1):
+    for k in OTHER_ORDER_SEGMENTS:
         if (p := recomputed(gp, k)) is None:
             continue
         t = _xla_temp(p)
+        if best is None and t > (1 - MIN_SAVING / 2) * plain:
+            return ""       # the finest cut saves nothing: no coarser one will
         if best is None or t < best[1]:
             best = (f"recompute, {k} segments", t)
         if best[1] <= ORDERS_APART * reached and not isinstance(memory, str):
             break
-        if tried >= PROBE_AFTER and best[1] > (1 - MIN_SAVING / 2) * plain:
-            return ""
     if best is None or best[1] > ORDERS_APART * reached:
         return ""
     return (f" The other order, optimize(jax.grad(f), memory={memory!r}), reaches {_mib(best[1])} here "
