@@ -145,8 +145,8 @@ def _program(closed, budget: Budget) -> _Program:
     ident = (ident, _machine_key())        # (lowered under another context, it is another program: round 12)
     prog = budget._memo.get(ident)
     if prog is None:
-        prog = budget._memo[ident] = _Program(closed, _keys.get(ident))
-        if prog.key is None:
+        prog = _Program(closed, _keys.get(ident))
+        if prog.key is None:      # (lowering may raise, e.g. a sharded program: then nothing is remembered)
             prog.key = _key_of(_lowered(prog, budget), closed, graph)
             if ident[0][0] != UNSHARED:     # (its id may be reused once the program is gone)
                 _keys[ident] = prog.key
@@ -154,6 +154,7 @@ def _program(closed, budget: Budget) -> _Program:
                 _keys.popitem(last=False)
         else:
             _keys.move_to_end(ident)
+        budget._memo[ident] = prog
     return prog
 
 

@@ -58,7 +58,11 @@ MEMORY_PASSES = frozenset({"remat_loops"})
 PER_LOOP = DECIDED - MEMORY_PASSES - {"stream_rows"}
 # A rewrite that pays only through a later pass (streaming a buffer's rows costs a stack that only fusion
 # reduces away) is judged together with that pass; if the later pass then is not kept, it is undone.
-ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_then_pull_back"}
+ENABLES = {"stream_rows": "fuse_scan_reductions", "hoist_loop_invariants": "sum_then_pull_back",
+           "fission": "thin_residuals"}
+# ... and one kept alone is kept only if the later pass after it does no worse than that pass alone: fission's
+# split loops change what thinning can drop (the GPU's rnn_input_projection: 1.57 MiB with both, 0.81 thinned)
+JUDGED_AGAINST_LATER = frozenset({"fission"})
 # Passes that act on the program as the plan leaves it (what a byte budget's loop schedules left over:
 # segment checkpointing, compiled and measured per candidate): run once, last, never in the tails that
 # proposals are judged with (there they would measure programs the plan never keeps).
@@ -555,6 +559,8 @@ class _Planning:
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
                 if keep:
                     pending[ENABLES[name]] = i
+            elif keep and name in JUDGED_AGAINST_LATER:
+                keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
             if not keep and ("memory" in why or "gives back" in why) and won and name not in MEMORY_PASSES:
                 j = won[-1]      # the same proposal on the program without the last memory win
                 alt, alt_said = self.propose(self.closed, [q for k, q in enumerate(pipeline[:i + 1])
@@ -752,6 +758,8 @@ class _Planning:
             if not keep and name in ENABLES:   # (hoisting W @ W.T out of a gradient's loops pays with the sum after)
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
                 counts_on |= keep
+            elif keep and name in JUDGED_AGAINST_LATER:
+                keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
             if not keep:
                 refused.append((good, cand))
             where = f"loop {k + 1} of {n}, {loops[at[k]].location() or 'no source line'}" if k < n else \
@@ -783,13 +791,17 @@ class _Planning:
         return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
-        """A proposal judged together with the later pass it enables (`ENABLES`)."""
+        """A proposal judged together with the later pass it enables (`ENABLES`), against that pass alone:
+        rejected alone, it may be kept for what the two do together; kept alone (`JUDGED_AGAINST_LATER`), it
+        is refused where the two together do worse."""
         later = [k for k in range(i + 1, len(self.pipeline)) if base_name(self.pipeline[k]) == enabled]
         if not later or _same(self.run_passes(cand, [self.pipeline[later[0]]]), cand):
             return keep, why          # (nothing for it to do on this proposal: nothing enabled, nothing measured)
         tail = [q for q in self.pipeline[i + 1:later[0] + 1] if base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
+        if keep:
+            return (True, why) if k2 else (False, f"{why2} once {enabled} has run (alone: {why})")
         faster = any(a.seconds is not None and before[a.view].seconds is not None and
                      a.seconds < before[a.view].seconds for a in after.views)
         if not k2 or not (any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views) or faster):
