@@ -9,7 +9,9 @@ from `memory_analysis`, time interleaved min-of-N (`jaxform.inspect.program.min_
   time regret   = planner time / fastest candidate with temp <= plain temp
   memory regret = planner temp / least temp among candidates with time <= plain time * 1.05
   reversed      = planner verdicts (`decisions()`) that measurement of pipeline with vs without the
-                  pass contradicts beyond noise (time outside [0.95, 1.05], or memory growth > 1%)
+                  pass contradicts beyond noise (time outside [0.95, 1.05], or memory growth > 1%); a
+                  kept pass that halves memory is reversed beyond the 1.10 the planner allows it
+                  (`planner.MEMORY_WIN_TIME`), not 1.05
 A failing ratio is repeated before it is believed: the programs it rests on are timed again (`CONFIRM`
 rounds, interleaved), each keeping its minimum over the rounds.
 Targets (CPU): time regret <= 1.10 on every row, memory regret median <= 1.2, reversed <= 5%, no row
@@ -35,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxform                                              # noqa: E402
 from jaxform.inspect.program import min_time                # noqa: E402
 from jaxform.passes import DEFAULT                          # noqa: E402
+from jaxform.plan.planner import MEMORY_WIN, MEMORY_WIN_TIME  # noqa: E402
 from regret_programs import programs                        # noqa: E402
 
 ALWAYS = ["inline", "cse", "dce"]
@@ -166,7 +169,7 @@ def verdicts(res: dict, cands: dict, decisions: list) -> dict:
     m_or = min(by_time, key=lambda k: (by_time[k][1], by_time[k][0]))
     # reversed verdicts: the planner's pipeline with vs without the pass, measured
     kept = {d.pass_name for d in decisions if d.kept}
-    rev, pairs = [], []
+    rev, pairs, r_pairs = [], [], []
     for d in decisions:
         base = kept - {d.pass_name}
         w, wo = label(base | {d.pass_name}, None), label(base, None)
@@ -174,14 +177,17 @@ def verdicts(res: dict, cands: dict, decisions: list) -> dict:
             continue
         (tw, mw), (two, mwo) = res[w], res[wo]
         ratio = tw / two
-        if d.kept and (ratio > 1 + NOISE or max(mw, KiB) > max(mwo, KiB) * 1.01) or \
+        # the planner's own rule: a rewrite that halves some memory may cost MEMORY_WIN_TIME (its 1.10x)
+        allowed = MEMORY_WIN_TIME if mw * MEMORY_WIN <= mwo and mw < mwo else NOISE
+        if d.kept and (ratio > 1 + allowed or max(mw, KiB) > max(mwo, KiB) * 1.01) or \
                 not d.kept and ratio < 1 - NOISE and mw <= mwo * 1.01:
             rev.append(d.pass_name)
             pairs += [w, wo]
+            r_pairs.append((d.pass_name, d.kept, ratio, mw, mwo))
     r = {"plain": plain, "planner": planner, "time_oracle": (t_or, *res[t_or]), "mem_oracle": (m_or, *res[m_or]),
          "min": res.get("min"), "time_regret": planner[0] / res[t_or][0],
          "mem_regret": max(planner[1], KiB) / max(res[m_or][1], KiB), "decisions": len(decisions),
-         "reversed": rev, "_pairs": pairs}
+         "reversed": rev, "_pairs": pairs, "reversed_measured": r_pairs}
     r["bigger"] = planner[1] > plain[1] * 1.01
     r["slower"] = planner[0] > plain[0] * 1.10
     r["ok"] = r["time_regret"] <= 1.10 and not r["bigger"] and not r["slower"]
