@@ -52,7 +52,7 @@ MIN_SAVING = 0.25           # under a budget that cannot be met, the best candid
 ORDERS_APART = 0.9          # the other order is named where it reaches this share of this one's memory or less
 GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
 OTHER_ORDER_SEGMENTS = (16, 8, 4, 2)   # the other order's schedules, measured in this order: the finest first
-PROBE_AFTER = 2             # a budget's cheapest candidates that saved nothing before the widest is measured
+PROBE_AFTER = 2             # candidates that saved nothing before the finest cut is measured out of turn
 AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
 AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
 
