@@ -137,6 +137,16 @@ class _Program:
 
 KEYS_KEPT = 512           # programs whose disk key this process remembers (lowering one again costs ~4% of
 _keys: collections.OrderedDict = collections.OrderedDict()  # a compile; the memory passes ask again and again)
+KEYS_CONST_BYTES = 1 << 20  # ... only where its constants are this small: the key holds them (by identity), and a
+                            # closed-over model's weights must not outlive the user's last reference
+
+
+def _const_bytes(closed) -> float:
+    try:
+        return sum(int(np.prod(np.shape(c))) * np.dtype(getattr(c, "dtype", np.float32)).itemsize
+                   if not _jax.is_typed_key(c) else 0 for c in closed.consts)
+    except TypeError:       # (an extended dtype numpy cannot size: not remembered)
+        return math.inf
 
 
 def _program(closed, budget: Budget) -> _Program:
@@ -148,8 +158,8 @@ def _program(closed, budget: Budget) -> _Program:
         prog = _Program(closed, _keys.get(ident))
         if prog.key is None:      # (lowering may raise, e.g. a sharded program: then nothing is remembered)
             prog.key = _key_of(_lowered(prog, budget), closed, graph)
-            if ident[0][0] != UNSHARED:     # (its id may be reused once the program is gone)
-                _keys[ident] = prog.key
+            if ident[0][0] != UNSHARED and _const_bytes(closed) <= KEYS_CONST_BYTES:
+                _keys[ident] = prog.key     # (an unshared id may be reused once the program is gone)
             if len(_keys) > KEYS_KEPT:
                 _keys.popitem(last=False)
         else:

@@ -315,3 +315,18 @@ def test_the_same_program_traced_again_is_one_disk_entry():
     t1 = measure.temp_bytes(jax.make_jaxpr(fn)(*args), first)
     t2 = measure.temp_bytes(jax.make_jaxpr(fn)(*args), again)
     assert t1 == t2 and (first.compiles, again.compiles, again.from_cache) == (1, 0, 1)
+
+
+def test_a_large_closed_over_constant_is_not_kept_alive_by_the_key_cache():
+    """The process-wide LRU of disk keys holds a program's constants (its key compares them by identity): a
+    closed-over model's weights would outlive the user's last reference. Programs with constants over
+    KEYS_CONST_BYTES are not remembered."""
+    import gc
+    import weakref
+    big = jnp.ones(((measure.KEYS_CONST_BYTES >> 2) + 1,), jnp.float32)
+    closed = jax.make_jaxpr(lambda x: x + big)(jnp.ones(big.shape, jnp.float32))
+    measure.program_key(closed)
+    ref = weakref.ref(big)
+    del big, closed
+    gc.collect()
+    assert ref() is None
