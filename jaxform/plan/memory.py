@@ -38,7 +38,7 @@ from ..passes.pipeline import user_stacklevel as pipeline_stacklevel
 from ..ir import Graph
 from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
-from ..passes.remat_program import FINEST_FIRST, candidates, checkpointed, schedules
+from ..passes.remat_program import candidates
 from . import cost, measure as _measure
 from .use import batched_program
 
@@ -51,8 +51,6 @@ MAX_FLOPS_PER_SAVED_BYTE = 100
 MIN_SAVING = 0.25           # under a budget that cannot be met, the best candidate must save this much
 ORDERS_APART = 0.9          # the other order is named where it reaches this share of this one's memory or less
 GIVE_UP_AFTER = 3           # candidates compiled before giving up on a program where none saves MIN_SAVING / 2
-OTHER_ORDER_SEGMENTS = (16, 8, 4, 2)   # the other order's schedules, measured in this order: the finest first
-PROBE_AFTER = 2             # candidates that saved nothing before the finest cut is measured out of turn
 AUTO_SHARE = 0.75           # memory="auto": a straight-line gradient is fitted into this share of the device
 AUTO_GATE = 4               # ... checked by XLA only where AUTO_GATE x the bytes the program makes exceed it
 
@@ -234,23 +232,11 @@ def choose(closed, memory, asked: str | None = None):
     # cheapest_first=True)`: matmul results kept, then half, 3/4, ... of the forward): each compiled only if
     # the ones recomputing less did not fit; "min" takes the least, so compiles them all
     # a budget is met by `jax.value_and_grad`'s program too (train steps take the value; XLA may schedule it bigger)
-    scored, tried, finest = [], 0, None     # (finest: the finest cut's name, once measured; till then no
-                                            # giving up: finer cuts store less, round 12)
+    scored, tried, widest = [], 0, False    # (widest: a schedule that recomputes everything was tried)
     with_value = {}                         # name -> value_and_grad temp, where jax.grad's fit and it did not
-    probed: dict = {}                       # name -> temp of the finest cut, measured out of turn
-    gave_up = False
-    saves = lambda m: m is not None and m <= (1 - MIN_SAVING / 2) * plain
-    cut = next(schedules(closed, FINEST_FIRST), None)      # (name, policy, boundaries) of the finest cut
     for name, prog in candidates(closed, cheapest_first=budget):
-        tried += name not in probed
-        m = probed.pop(name) if name in probed else measure(prog)
-        finest = finest or (name if cut is not None and name == cut[0] else None)
-        if tried == PROBE_AFTER and cut is not None and finest is None and not saves(m) and \
-                not any(saves(s[2]) for s in scored):
-            # the first two saved nothing: the finest cut next (out of turn) tells whether anything will, before
-            # the ones in between are compiled (on XLA:CPU of JAX 0.10 nothing does: 6 compiles -> 3)
-            probed[cut[0]] = measure(checkpointed(closed, list(cut[2]), cut[1]))
-            tried, finest = tried + 1, cut[0]
+        m = measure(prog)
+        tried += 1
         if m is not None and m < plain:
             mu = user(prog, m)
             if mu is not None and mu <= plain_user:      # never bigger than plain, in either gradient
@@ -259,19 +245,17 @@ def choose(closed, memory, asked: str | None = None):
                         return name, prog, m, None
                     with_value[name] = mv
                 scored.append((name, prog, m, cost.estimate(prog, grad=True).grad_seconds or 0.0, mu))
-        if tried >= GIVE_UP_AFTER and finest is not None and not any(saves(s[2]) for s in scored) and \
-                not any(saves(w) for w in probed.values()):
-            gave_up = True
+        widest |= name.startswith("all")
+        if tried >= GIVE_UP_AFTER and widest and all(s[2] > (1 - MIN_SAVING / 2) * plain for s in scored):
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling
     if not scored:
         if budget or memory == "min":
-            vg = value_and_grad_temp(closed) if budget and plain_user <= memory else 0   # (compiled above: cached)
+            vg = value_and_grad_temp(closed) if budget else 0     # (compiled above: the answer is cached)
             valued = f", and jax.value_and_grad's program, which also returns the value, at {_mib(vg)}" \
                 if budget and vg > memory else ""     # (what misses the budget where the gradient alone fits it)
-            measured = (f"XLA measured {tried} candidates, the finest cut among them"
-                        if gave_up else "XLA measured each candidate")
-            _cannot_fit(asked, plain_user, f"no segment checkpointing makes it smaller ({measured}); the program "
-                                           f"is left as it is, its gradient stays at {_mib(plain_user)}{valued}." +
+            _cannot_fit(asked, plain_user, "no segment checkpointing makes it smaller (XLA measured each "
+                                           f"candidate); the program is left as it is, its gradient stays at "
+                                           f"{_mib(plain_user)}{valued}." +
                                            _other_order(closed, memory, plain_user),
                         subject=subject)
         return None
@@ -283,7 +267,7 @@ def choose(closed, memory, asked: str | None = None):
                           + other, stacklevel=user_stacklevel())
         return least[:4]
     useful = least[4] <= (1 - MIN_SAVING) * plain_user
-    mv = with_value.get(least[0]) or (value_and_grad_temp(least[1]) if useful else least[4])   # (kept: said)
+    mv = with_value.get(least[0]) or value_and_grad_temp(least[1])
     fits_grad = "" if mv <= least[4] else (
         (" (that fits jax.grad's gradient, but " if least[0] in with_value else " (") +
         f"jax.value_and_grad's program, which also returns the value, takes {_mib(mv)} there)")
@@ -299,30 +283,18 @@ def choose(closed, memory, asked: str | None = None):
 def _other_order(closed, memory, reached: int) -> str:
     """Where this order falls short (a budget unmet, or "min"), what the other one reaches, measured: the
     gradient program (`jax.grad`'s, the first argument's where known) with its residuals recomputed in its
-    backward (`passes.recompute`, k segments). Said only where it is 10% less than `reached` (issue 38: the LM
-    at 25% reached 23.00 MiB this way and 18.07 MiB the other). A budget stops at the first schedule that
-    reaches that; both stop where the finest cut saves nothing (XLA reuses nothing from recomputation
-    here: 5 compiles -> 2, where most budgets that fall short are)."""
+    backward (`recompute_choice`). Said only where it is 10% less than `reached` (issue 38: the LM at 25%
+    reached 23.00 MiB this way and 18.07 MiB the other)."""
     gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None)
-    if gp is None or not is_gradient(gp):
+    if gp is None:
         return ""
-    plain, best = _xla_temp(gp), None
-    if plain == 0 or (not isinstance(memory, str) and plain <= memory):
-        return ""          # (as recompute_choice: nothing that order would do)
-    for k in OTHER_ORDER_SEGMENTS:
-        if (p := recomputed(gp, k)) is None:
-            continue
-        t = _xla_temp(p)
-        if best is None and t > (1 - MIN_SAVING / 2) * plain:
-            return ""       # the finest cut saves nothing: no coarser one will
-        if best is None or t < best[1]:
-            best = (f"recompute, {k} segments", t)
-        if best[1] <= ORDERS_APART * reached and not isinstance(memory, str):
-            break
-    if best is None or best[1] > ORDERS_APART * reached:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        choice, _ = recompute_choice(gp, memory, "")
+    if choice is None or choice[2] > ORDERS_APART * reached:
         return ""
-    return (f" The other order, optimize(jax.grad(f), memory={memory!r}), reaches {_mib(best[1])} here "
-            f"(XLA measured; {describe(best[0])}): use that one (docs/remat.md, both orders).")
+    return (f" The other order, optimize(jax.grad(f), memory={memory!r}), reaches {_mib(choice[2])} here "
+            f"(XLA measured; {describe(choice[0])}): use that one (docs/remat.md, both orders).")
 
 
 def describe(name: str) -> str:

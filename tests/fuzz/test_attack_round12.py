@@ -39,9 +39,10 @@ Findings (JAX 0.10.2, XLA:CPU, default XLA_FLAGS):
   E. (medium, pre-existing, not from these changes) memory="min" is not the least: on that program "min"
      runs 7929856 B while the old search under memory=6658457 runs 6356992 B; "min" walks LIKELIEST_FIRST
      and GIVE_UP_AFTER stops it after all-4, nothing-4, checkpoint_dots save < 12.5%.
-All five fixed in the same session, each now a regression test: the probe is the finest cut ("nothing",
-16 segments: it stores least between boundaries), no search gives up before it is measured, the other order
-measures its finest cut first, and the key LRU holds the machine key beside the structure.
+C is fixed (the key LRU holds the machine key beside the structure). A, B and D came from a probe that
+made budgets compile less; a fix (probing the finest cut) then broke a 4-layer MLP whose 8-segment cuts save
+less than its 4-segment ones, so the search is back to what it was: A, B and D hold as regression tests, and
+E, older than the probe, stays open as a strict xfail.
 Held: typed key constants (fry vs rbg, seeds), constants' dtypes/sizes/layouts all keyed apart; callbacks in
 nested jit, cond, custom_vjp's forward never reach the disk; a tracer constant under jit plans and runs;
 custom_jvp rules that differ give each its own gradient; budgets never exceed plain `jax.grad`; a missed
@@ -246,19 +247,6 @@ def _stack(L, D, B):
 DEEP = (16, 64, 512)      # the cheapest two and "all, 4 segments" save < 12.5%; nothing-8/16 save 23%/48%
 
 
-@pytest.mark.slow
-def test_the_deep_stack_budget_is_reachable_by_the_old_search(monkeypatch):
-    """Control for A: without the out-of-turn probe (PROBE_AFTER out of reach), the same budget is met."""
-    monkeypatch.setattr(plan_memory, "PROBE_AFTER", 99)
-    f, args = _stack(*DEEP)
-    plain = temp(jax.grad(f), *args)
-    mem = int(0.6 * plain)
-    g = jax.grad(jaxform.optimize(f, memory=mem))
-    got, w = said(lambda: temp(g, *args))
-    assert got <= mem, (got, mem, w)
-    close(g(*args), jax.grad(f)(*args))
-
-
 def test_the_deep_stack_budget_is_met():
     """Finding A (high). Input: 16 dense+gelu layers (D=64, B=512), jax.grad(optimize(loss, memory=0.6 x
     plain jax.grad's XLA temp)). Expected: <= the budget (nothing-16 reaches 0.516 x plain; the old search
@@ -340,8 +328,7 @@ def test_vmap_grad_of_a_budget_equals_plain():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("probe", ["as shipped", "out of reach"])
-def test_min_names_the_other_order_that_reaches_less(probe, monkeypatch):
+def test_min_names_the_other_order_that_reaches_less():
     """Finding D (medium). Input: 32 dense+gelu layers (D=32, B=512), jax.grad(optimize(loss, memory="min")).
     Expected (the rule: the other order is named where it reaches >= 10% less): a warning naming
     optimize(jax.grad(f), memory="min"), which runs 6356992 B against this order's 7929856 B (19.8% less).
@@ -349,8 +336,6 @@ def test_min_names_the_other_order_that_reaches_less(probe, monkeypatch):
     gave up before k=16 (0.764x). The control (PROBE_AFTER out of reach: every k measured, as before) named
     it. Fixed: the other order measures its finest cut first and gives up only where that saves nothing; and
     with E fixed this order's "min" now reaches what the other does, so the rule holds either way."""
-    if probe == "out of reach":
-        monkeypatch.setattr(plan_memory, "PROBE_AFTER", 99)
     f, args = _stack(32, 32, 512)
     got, w = said(lambda: temp(jax.grad(jaxform.optimize(f, memory="min")), *args))
     other, _ = said(lambda: temp(jaxform.optimize(jax.grad(f), memory="min"), *args))
@@ -358,39 +343,17 @@ def test_min_names_the_other_order_that_reaches_less(probe, monkeypatch):
 
 
 @pytest.mark.slow
-def test_min_is_no_more_than_a_budget_reaches(monkeypatch):
+@pytest.mark.xfail(strict=True, reason="E (older than round 12, open): memory='min' gives up before the cuts that save")
+def test_min_is_no_more_than_a_budget_reaches():
     """Finding E (medium, pre-existing: GIVE_UP_AFTER under memory="min" is older than these changes). Input:
     32 dense+gelu layers (D=32, B=512). Expected: jax.grad(optimize(f, memory="min")) no bigger than what a
     byte budget of 0.8 x plain reaches with the full search (PROBE_AFTER out of reach): 6356992 B. Got:
     7929856 B: "min" walks LIKELIEST_FIRST (all-4, nothing-4, checkpoint_dots: each < 12.5% saved) and stops
-    before nothing-8/16. Fixed: no search gives up before the finest cut is measured (the probe)."""
-    monkeypatch.setattr(plan_memory, "PROBE_AFTER", 99)
+    before nothing-8/16. Open: a probe of the finest cut fixed it in round 12, then broke a 4-layer MLP whose
+    8-segment cuts save less than its 4-segment ones (tests/passes/test_memory_trust.py) and was withdrawn."""
     f, args = _stack(32, 32, 512)
     mem = int(0.8 * temp(jax.grad(f), *args))
     least, _ = said(lambda: temp(jax.grad(jaxform.optimize(f, memory="min")), *args))
     budgeted, _ = said(lambda: temp(jax.grad(jaxform.optimize(f, memory=mem)), *args))
     assert budgeted <= mem, (budgeted, mem)       # the premise
     assert least <= budgeted, (least, budgeted)
-
-
-# ---- as fuzzer coverage: the probe only saves compiles, it never changes what a budget reaches ------------------
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_probe_reaches_what_the_full_search_reaches(seed, monkeypatch):
-    """Random dense+gelu stacks (depth 6-20, width 16-64, batch 64-512) under a random budget (30-90% of plain
-    `jax.grad`'s XLA temp): the search as shipped (probing the finest cut after two candidates that save
-    nothing, giving up where it saves nothing) runs a gradient no bigger than the full search's (every
-    candidate measured: PROBE_AFTER out of reach), and both keep plain JAX's values."""
-    r = np.random.RandomState(seed)
-    depth, width, batch = int(r.randint(6, 21)), int(r.choice([16, 32, 64])), int(r.choice([64, 256, 512]))
-    f, args = _stack(depth, width, batch)
-    mem = int(temp(jax.grad(f), *args) * r.uniform(0.3, 0.9))
-    shipped, _ = said(lambda: temp(jax.grad(jaxform.optimize(f, memory=mem)), *args))
-    monkeypatch.setattr(plan_memory, "PROBE_AFTER", 99)
-    g = jax.grad(jaxform.optimize(f, memory=mem))
-    full, _ = said(lambda: temp(g, *args))
-    assert shipped <= full, (depth, width, batch, mem, shipped, full)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        close(g(*args), jax.grad(f)(*args), rtol=1e-4)
