@@ -140,13 +140,15 @@ def checkpointed(closed, bounds: list[int], policy: str):
     return jax.make_jaxpr(program)(*[_jax.spec_of(a) for a in closed.in_avals])
 
 
-CHEAPEST_FIRST = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)]
-LIKELIEST_FIRST = [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
-
-
-def schedules(closed, order: list):
-    """(name, policy, boundaries) of each (policy, segments) in `order` this program is long enough for."""
+def candidates(closed, cheapest_first: bool = False):
+    """(name, program) for each schedule worth measuring, the likeliest to save first, or with
+    cheapest_first the one recomputing least first (matmul results kept; then all but the last of 2, 4, 8,
+    16 segments: half, 3/4, ... of the forward; then all of it), a generator: each is traced only when
+    asked for."""
     n = len(closed.jaxpr.eqns)
+    order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
+        if cheapest_first else \
+        [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
     seen = set()
     for policy, k in order:
         if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:
@@ -155,16 +157,8 @@ def schedules(closed, order: list):
         if (k > 1 and not b) or (policy, b) in seen:
             continue
         seen.add((policy, b))
-        yield ("checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments"), policy, b
-
-
-def candidates(closed, cheapest_first: bool = False, order: list | None = None):
-    """(name, program) for each schedule worth measuring, the likeliest to save first, or with
-    cheapest_first the one recomputing least first (matmul results kept; then all but the last of 2, 4, 8,
-    16 segments: half, 3/4, ... of the forward; then all of it), or in `order` ((policy, segments) pairs),
-    a generator: each is traced only when asked for."""
-    for name, policy, b in schedules(closed, order or (CHEAPEST_FIRST if cheapest_first else LIKELIEST_FIRST)):
+        name = "checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments"
         yield name, checkpointed(closed, list(b), policy)
 
 
-__all__ = ["remat_program", "with_memory", "candidates", "schedules", "checkpointed", "boundaries", "cuts"]
+__all__ = ["remat_program", "with_memory", "candidates", "checkpointed", "boundaries", "cuts"]

@@ -37,7 +37,7 @@ Findings (JAX 0.10.2, XLA:CPU, default XLA_FLAGS):
      with every k measured (PROBE_AFTER out of reach) the warning names it. (The same program under
      memory=0.8 x plain, 6658457 B: now 8323072 B, missed as in A; the old search met it at 6356992 B.)
   E. (medium, pre-existing, not from these changes) memory="min" is not the least: on that program "min"
-     runs 7929856 B while the old search under memory=6658457 runs 6356992 B; "min" walks LIKELIEST_FIRST
+     runs 7929856 B while the old search under memory=6658457 runs 6356992 B; "min" walks the likeliest-first order
      and GIVE_UP_AFTER stops it after all-4, nothing-4, checkpoint_dots save < 12.5%.
 C is fixed (the key LRU holds the machine key beside the structure). A, B and D came from a probe that
 made budgets compile less; a fix (probing the finest cut) then broke a 4-layer MLP whose 8-segment cuts save
@@ -348,7 +348,7 @@ def test_min_is_no_more_than_a_budget_reaches():
     """Finding E (medium, pre-existing: GIVE_UP_AFTER under memory="min" is older than these changes). Input:
     32 dense+gelu layers (D=32, B=512). Expected: jax.grad(optimize(f, memory="min")) no bigger than what a
     byte budget of 0.8 x plain reaches with the full search (PROBE_AFTER out of reach): 6356992 B. Got:
-    7929856 B: "min" walks LIKELIEST_FIRST (all-4, nothing-4, checkpoint_dots: each < 12.5% saved) and stops
+    7929856 B: "min" walks the likeliest-first order (all-4, nothing-4, checkpoint_dots: each < 12.5% saved) and stops
     before nothing-8/16. Open: a probe of the finest cut fixed it in round 12, then broke a 4-layer MLP whose
     8-segment cuts save less than its 4-segment ones (tests/passes/test_memory_trust.py) and was withdrawn."""
     f, args = _stack(32, 32, 512)
