@@ -209,6 +209,9 @@ def cmd_demo(ns) -> int:
     grad, grad_opt = jax.jit(jax.grad(mse_loss)), jax.jit(jax.grad(opt))
     with step("compiling the gradient, original and optimized, for XLA's memory analysis"):
         gmem = [g.lower(*args).compile().memory_analysis().temp_size_in_bytes for g in (grad, grad_opt)]
+    print("\nThe gradient's plan (jax.grad(optimize(loss)) is planned for the gradient it runs):")
+    for d in opt.decisions():
+        print(f"  {d.pass_name}: {'kept' if d.kept else 'rejected'} ({d.why})")
     with step(f"measuring the gradient (jit, min of {ns.reps})"):
         gtime = min_time([grad, grad_opt], args, ns.reps)
     loss0, loss1 = float(jax.jit(mse_loss)(*args)), float(jax.jit(opt)(*args))

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _jax
 from .. import passes as _passes
 from ..ir import Graph
-from ..ir.identity import structure
+from ..ir.identity import program_identity
 from ..optimize import run_passes
 
 
@@ -64,15 +64,9 @@ def pass_name(p) -> str:
 
 
 def program_key(closed):
-    """Equal keys: the same program by the identity rule (`identity.structure`: callables, custom
-    rules and constants by identity), never by printed text, which JAX prints alike for two
-    different callbacks. A program with an unhashable param is equal only to itself."""
-    try:
-        key = structure(Graph.from_jaxpr(closed))
-        hash(key)
-        return key
-    except TypeError:
-        return ("unshared", id(closed))
+    """Equal keys: the same program by the identity rule (`identity.program_identity`), never by printed
+    text, which JAX prints alike for two different callbacks."""
+    return program_identity(Graph.from_jaxpr(closed), closed)
 
 
 def run(closed, passes, on_change: Callable | None = None, *, strict: bool = False):

@@ -29,7 +29,7 @@ from .. import _jax
 if TYPE_CHECKING:
     from .graph import Graph, Node, Value
 
-__all__ = ["IMPURE_PRIMITIVES", "node_key", "structure", "param_key", "is_impure", "is_ordered",
+__all__ = ["IMPURE_PRIMITIVES", "node_key", "structure", "program_identity", "param_key", "is_impure", "is_ordered",
            "effect_free", "may_move_across", "rules_impure"]
 
 # Primitives whose result is not a function of their operands alone, or that do something
@@ -138,6 +138,18 @@ def structure(g: "Graph", memo: dict | None = None):
     if memo is not None:
         memo[id(g)] = key
     return key
+
+
+def program_identity(g: "Graph", owner: object):
+    """A whole program's key for caches: `structure(g)`, hashable; a program with an unhashable param is
+    equal only to itself, `("unshared", id(owner))` (the cache entry must hold `owner`, so the id is not
+    reused)."""
+    try:
+        key = structure(g)
+        hash(key)
+        return key
+    except TypeError:
+        return ("unshared", id(owner))
 
 
 # ---- purity and order -----------------------------------------------------------

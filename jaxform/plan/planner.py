@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 import jax
 
 from ..ir import Graph
-from ..ir.identity import structure
+from ..ir.identity import program_identity, structure
 from ..passes.pipeline import run_passes
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
@@ -376,12 +376,7 @@ class _Costs:
 
 
 def _key(closed):
-    try:
-        k = structure(Graph.from_jaxpr(closed))
-        hash(k)
-        return k
-    except TypeError:
-        return id(closed)
+    return program_identity(Graph.from_jaxpr(closed), closed)
 
 
 # ---- planning ---------------------------------------------------------------------------------------

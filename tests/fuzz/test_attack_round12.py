@@ -41,8 +41,8 @@ Findings (JAX 0.10.2, XLA:CPU, default XLA_FLAGS):
      and GIVE_UP_AFTER stops it after all-4, nothing-4, checkpoint_dots save < 12.5%.
 C is fixed (the key LRU holds the machine key beside the structure). A, B and D came from a probe that
 made budgets compile less; a fix (probing the finest cut) then broke a 4-layer MLP whose 8-segment cuts save
-less than its 4-segment ones, so the search is back to what it was: A, B and D hold as regression tests, and
-E, older than the probe, stays open as a strict xfail.
+less than its 4-segment ones, so the search is back to what it was: A, B and D hold as regression tests.
+E, older than the probe, is fixed in round 13: "min" compiles every candidate (the early give-up is a budget's).
 Held: typed key constants (fry vs rbg, seeds), constants' dtypes/sizes/layouts all keyed apart; callbacks in
 nested jit, cond, custom_vjp's forward never reach the disk; a tracer constant under jit plans and runs;
 custom_jvp rules that differ give each its own gradient; budgets never exceed plain `jax.grad`; a missed
@@ -343,14 +343,14 @@ def test_min_names_the_other_order_that_reaches_less():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="E (older than round 12, open): memory='min' gives up before the cuts that save")
 def test_min_is_no_more_than_a_budget_reaches():
     """Finding E (medium, pre-existing: GIVE_UP_AFTER under memory="min" is older than these changes). Input:
     32 dense+gelu layers (D=32, B=512). Expected: jax.grad(optimize(f, memory="min")) no bigger than what a
     byte budget of 0.8 x plain reaches with the full search (PROBE_AFTER out of reach): 6356992 B. Got:
     7929856 B: "min" walks the likeliest-first order (all-4, nothing-4, checkpoint_dots: each < 12.5% saved) and stops
-    before nothing-8/16. Open: a probe of the finest cut fixed it in round 12, then broke a 4-layer MLP whose
-    8-segment cuts save less than its 4-segment ones (tests/passes/test_memory_trust.py) and was withdrawn."""
+    before nothing-8/16. A probe of the finest cut fixed it in round 12, then broke a 4-layer MLP whose
+    8-segment cuts save less than its 4-segment ones (tests/passes/test_memory_trust.py) and was withdrawn.
+    Fixed in round 13: "min" asks for the least, so it compiles every candidate (no early give-up)."""
     f, args = _stack(32, 32, 512)
     mem = int(0.8 * temp(jax.grad(f), *args))
     least, _ = said(lambda: temp(jax.grad(jaxform.optimize(f, memory="min")), *args))

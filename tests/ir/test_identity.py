@@ -252,3 +252,26 @@ def test_graph_add_keeps_equation_context():
     with jax.threefry_partitionable(True):
         got = jaxform.to_function(g)(k)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(k)))
+
+
+def test_program_identity_is_structural_and_an_unhashable_program_is_only_itself():
+    """The one cache key every cache uses (the planner's costs, measure's memo, explain's stages): equal for
+    the same program traced twice, apart for callbacks JAX prints alike, and, where a param cannot be
+    hashed, equal only to the program it came from."""
+    from jaxform.ir.identity import program_identity
+
+    def cb(k):
+        return lambda x: jax.pure_callback(lambda v: np.float32(v + k), S, x)
+    one, other = (jax.make_jaxpr(f)(jnp.float32(1.0)) for f in (cb(1), cb(2)))
+    key = lambda c: program_identity(Graph.from_jaxpr(c), c)  # noqa: E731
+    assert str(one) == str(other) and key(one) != key(other)     # printed alike, different callables
+    f = lambda x: jnp.sin(x) * 2  # noqa: E731
+    assert key(jax.make_jaxpr(f)(1.0)) == key(jax.make_jaxpr(f)(1.0))
+
+    class Unhashable:
+        __hash__ = None
+    g = Graph.from_jaxpr(jax.make_jaxpr(f)(1.0))
+    g.nodes[0].params["extra"] = Unhashable()
+    owner = object()
+    assert program_identity(g, owner) == ("unshared", id(owner))
+    assert program_identity(g, owner) != program_identity(g, object())
