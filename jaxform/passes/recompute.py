@@ -50,8 +50,10 @@ def eligible(graph: Graph) -> bool:
 def is_gradient(closed) -> bool:
     """Whether `closed` was differentiated already: AD's transpose sums the cotangents of a value read
     twice with `add_any`, which user code does not write. (A forward program with skip connections also
-    has values read after its liveness peak; it is `remat_program`'s to checkpoint, not this pass's.)"""
-    return any(e.primitive.name == "add_any" for e in closed.jaxpr.eqns)
+    has values read after its liveness peak; it is `remat_program`'s to checkpoint, not this pass's.) Nested
+    bodies count: a gradient of two independent loop carries sums cotangents only inside its loops (round 13:
+    read as a forward program, its gradient was differentiated again and a "cannot fit" quoted that)."""
+    return any(n.name == "add_any" for n, _ in Graph.from_jaxpr(closed).walk())
 
 
 def recomputed(closed, k: int):

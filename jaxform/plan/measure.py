@@ -359,7 +359,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
             r = best[1] / best[0]
             if _close(r):   # close: again, keep the min (a long program too: its first round is two samples,
                 # one the warm-up; the demo's 1 s gradient timed remat 0.9x-1.35x from one process to the next)
-                again = _interleaved(fns, args, budget)
+                again = _interleaved(fns, args, budget, known=best)
                 best = best if again is None else [min(a, b) for a, b in zip(best, again)]
     except Exception:  # noqa: BLE001 - a program that cannot run on its own (sharding, callbacks)
         return None
@@ -382,26 +382,27 @@ def _unsettled(hit: dict) -> bool:
     return hit.get("rounds", 1) < SETTLE_ROUNDS and _close(b / max(a, 1e-15))
 
 
-def _interleaved(fns, args, budget: Budget) -> list[float] | None:
+def _interleaved(fns, args, budget: Budget, known: list[float] | None = None) -> list[float] | None:
     """Min-of-N seconds of each compiled program, rounds interleaved (the machine's drift hits all alike);
-    None if, after one warm-up run each, the rounds would not fit what is left of the budget."""
+    None if, after one warm-up run each, the rounds would not fit what is left of the budget. `known`: the
+    programs' times from an earlier round, in place of the warm-up (nothing runs before the budget says yes)."""
     t0 = time.perf_counter()
-    first = []
-    for f in fns:
+    first = list(known) if known is not None else []
+    for f in fns if known is None else ():
         s = time.perf_counter()
         jax.block_until_ready(f(*args))
         first.append(time.perf_counter() - s)
     if budget.seconds is not None:
         budget.seconds = max(budget.seconds, BUDGET_RUNS * max(first))
     calls = max(1, min(50, int(SAMPLE_SECONDS / max(min(first), 1e-6))))
-    long = max(first) > RUN_SECONDS     # a long run: its warm-up counts as a sample (compiled already)
-    reps = MIN_REPS - 1 if long else REPS
+    long = max(first) > RUN_SECONDS     # a long run: MIN_REPS samples, its warm-up one of them
+    reps = REPS if not long else MIN_REPS if known is not None else MIN_REPS - 1
     if budget.seconds is not None and budget.spent - budget.compile_spent + (time.perf_counter() - t0) + \
             reps * sum(first) * calls > budget.seconds:
         budget.spent += time.perf_counter() - t0
         budget.exhausted = True
         return None
-    best = list(first) if long else [np.inf] * len(fns)
+    best = list(first) if long and known is None else [np.inf] * len(fns)
     for _ in range(reps):
         for i, f in enumerate(fns):
             s = time.perf_counter()

@@ -43,6 +43,7 @@ import jax
 from ..ir import Graph
 from ..ir.identity import program_identity, structure
 from ..passes.pipeline import run_passes
+from ..passes.recompute import is_gradient
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
@@ -392,7 +393,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     """
     t0 = time.perf_counter()
     loops = _cost.has_loops(Graph.from_jaxpr(closed))
-    use_unknown, guessed = not use.known, not use.known and _is_gradient(closed)
+    use_unknown, guessed = not use.known, not use.known and is_gradient(closed)
     if use_unknown and each_use and loops and not guessed and memory in (None, "auto") and \
             not _measure.impure(closed) and not _measure.has_while(closed):   # (while_grad: its gradient is planned)
         return _plan_each_use(closed, pipeline, memory=memory, strict=strict, where=where, tune=tune,
@@ -407,7 +408,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     if not use.differentiated:     # nothing to remember under a forward use: no memory planning, no budget to
         # check (remat_program's loop check warned "cannot fit" of a gradient the call never takes, round 10),
         # except a program that is a gradient already: its own backward recomputes (`passes.recompute`)
-        drop = MEMORY_PASSES | (frozenset() if _is_gradient(closed) else LAST_WORD)
+        drop = MEMORY_PASSES | (frozenset() if is_gradient(closed) else LAST_WORD)
         pipeline = [p for p in pipeline if base_name(p) not in drop]
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
     with _measure.planning(f"{where or 'a program'} for {use.label}") as clock:
@@ -790,8 +791,11 @@ class _Planning:
         rejected alone, it may be kept for what the two do together; kept alone (`JUDGED_AGAINST_LATER`), it
         is refused where the two together do worse."""
         later = [k for k in range(i + 1, len(self.pipeline)) if base_name(self.pipeline[k]) == enabled]
-        if not later or _same(self.run_passes(cand, [self.pipeline[later[0]]]), cand):
-            return keep, why          # (nothing for it to do on this proposal: nothing enabled, nothing measured)
+        nothing = lambda c: _same(self.run_passes(c, [self.pipeline[later[0]]]), c)  # noqa: E731
+        if not later or nothing(cand) and (not keep or nothing(good)):
+            return keep, why          # (nothing for it to do on this proposal: nothing enabled, nothing measured;
+            # kept alone, it is still weighed against the later pass alone where that one acts on the program
+            # before: a fission may take away what thinning would have dropped)
         tail = [q for q in self.pipeline[i + 1:later[0] + 1] if base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
@@ -802,11 +806,6 @@ class _Planning:
         if not k2 or not (any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views) or faster):
             return keep, why
         return True, f"{why2} once {enabled} has run (alone: {why})"
-
-
-def _is_gradient(closed) -> bool:
-    """A program JAX differentiated already: AD's transpose sums cotangents with `add_any`, user code does not."""
-    return any(n.name == "add_any" for n, _ in Graph.from_jaxpr(closed).walk())
 
 
 FORWARD_OF_GRADIENT = Use(("gradient program",))
