@@ -46,8 +46,10 @@ SETTLE_ROUNDS = 3     # ... and, cached, timed again by later plans until this m
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
 BUDGET_SECONDS = 5.0  # what running candidates may take per plan (compiles apart), at least ...
 BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
-BUDGET_RUNS = 12      # ... or this many runs of the slowest program timed (a loop run thousands of times in
-                      # training pays a dozen runs once; the disk cache makes it once per machine)
+BUDGET_RUNS = 24      # ... or this many runs of the slowest program timed (a loop run thousands of times in
+                      # training pays two dozen runs once; the disk cache makes it once per machine). 12 ran
+                      # out on the demo's 1.3 s gradient: fusion in two views, each close pair timed twice
+                      # (16 runs), left its remat to the model
 MEMORY_COMPILES = 24  # compiling for XLA's memory (what "never bigger" rests on) may spend this many
 
 
