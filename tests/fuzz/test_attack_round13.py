@@ -170,8 +170,8 @@ def test_budget_spent_before_the_again_round_keeps_the_first(monkeypatch, tmp_pa
     a, b = _pair()
     _fake_runs(monkeypatch, {id(a): 0.05, id(b): 0.06})
     monkeypatch.setattr(measure, "RUN_SECONDS", 0.02)
-    bud = measure.Budget(seconds=1.0)
-    bud.spent = 1.0 - 0.3
+    bud = measure.Budget(seconds=2.0)      # (over BUDGET_RUNS x the slowest run: the budget is 2.0 s)
+    bud.spent = 2.0 - 0.3
     t = measure.seconds(a, b, bud)
     assert t is not None and bud.exhausted
     (entry,) = _disk_entries(tmp_path)

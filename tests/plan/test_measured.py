@@ -190,7 +190,7 @@ def test_a_cached_near_tie_is_timed_again_until_it_settles(monkeypatch, times, s
     other = jax.make_jaxpr(lambda *a: jax.tree_util.tree_map(lambda x: x * 1.0, fn(*a)))(*args)
     runs = []
 
-    def fake(fns, a, budget):
+    def fake(fns, a, budget, known=None):
         runs.append(1)
         return [t * (0.9 if len(runs) > 2 else 1.0) for t in times]   # later rounds a little faster
     monkeypatch.setattr(measure, "_interleaved", fake)
