@@ -532,6 +532,8 @@ class _Planning:
 
         for i, p in enumerate(pipeline):
             name, alt = base_name(p), None
+            if decided(p):
+                self.costs.budget.next_decision()
             cand, said = self.propose(good, [p])
             if not decided(p) or cand is good:
                 good = cand

@@ -217,7 +217,7 @@ def test_budget_spent_falls_back_to_the_model(monkeypatch):
     o = jaxform.optimize(fn)
     jax.jit(o)(*args)
     b = o.plan().budget
-    assert b.exhausted and "budget spent" in str(b)
+    assert (b.exhausted or b.ran_out) and "budget spent" in str(b)     # (some decision ran out)
     assert any(v.memory_from == "model" or v.time_from == "model" for d in o.decisions() for v in d.after.views)
 
 
