@@ -353,7 +353,8 @@ class _Costs:
         `decided_by_memory(before, after)` says memory alone settles it (nothing to time). With
         `first_gradient_only` (a memory pass: `_judge_memory` reads the time of the gradient `jax.grad` runs
         and no other) only that view is timed: timing the others spent the demo's budget before its remat
-        was reached, and a model 1.5x off on loops refused it (0.80x predicted, 1.02-1.35x measured)."""
+        was reached, and a model 1.5x off on loops refused it (0.80x predicted; measured 0.77x-1.35x from run
+        to run, a near-tie on this CPU)."""
         before, after = self.model(ref), self.model(prop)
         if not self.measuring or not (self.tune or _measure.timing()) or \
                 (decided_by_memory is not None and decided_by_memory(before, after)):
