@@ -29,7 +29,8 @@ from .. import _jax
 if TYPE_CHECKING:
     from .graph import Graph, Node, Value
 
-__all__ = ["IMPURE_PRIMITIVES", "node_key", "structure", "program_identity", "param_key", "is_impure", "is_ordered",
+__all__ = ["IMPURE_PRIMITIVES", "node_key", "structure", "program_identity", "UNSHARED", "param_key", "is_impure",
+           "is_ordered",
            "effect_free", "may_move_across", "rules_impure"]
 
 # Primitives whose result is not a function of their operands alone, or that do something
@@ -140,6 +141,9 @@ def structure(g: "Graph", memo: dict | None = None):
     return key
 
 
+UNSHARED = "unshared"    # the first element of a program_identity equal only to its owner
+
+
 def program_identity(g: "Graph", owner: object):
     """A whole program's key for caches: `structure(g)`, hashable; a program with an unhashable param is
     equal only to itself, `("unshared", id(owner))` (the cache entry must hold `owner`, so the id is not
@@ -149,7 +153,7 @@ def program_identity(g: "Graph", owner: object):
         hash(key)
         return key
     except TypeError:
-        return ("unshared", id(owner))
+        return (UNSHARED, id(owner))
 
 
 # ---- purity and order -----------------------------------------------------------

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _jax
 from ..ir import Graph
-from ..ir.identity import is_impure, program_identity
+from ..ir.identity import UNSHARED, is_impure, program_identity
 
 REPS = 7              # timing rounds for two cheap programs (interleaved; the min of each is kept)
 RUN_SECONDS = 0.25    # ... a program running longer than this gets MIN_REPS samples, its warm-up one of them
@@ -85,7 +85,7 @@ class Budget:
     def next_decision(self) -> None:
         """Each deciding pass gets the whole allowance of running time: on the demo's 0.7 s gradient, fusion
         timed in two views spent it, and its remat, the decision the demo is about, was left to a model that
-        is 1.5x off on loops (0.80x predicted; measured 1.18x faster). Compiling keeps one allowance."""
+        is 1.5x off on loops (0.80x predicted; measured 0.77x-1.35x from run to run). Compiling keeps one allowance."""
         self.ran_out |= self.exhausted
         self.exhausted = False
         self.decision_start = self.spent - self.compile_spent
@@ -125,7 +125,6 @@ def _machine_key() -> str:
 
 LOCAL = "local-"             # a key never written to or read from the disk
 _local = itertools.count()
-UNSHARED = "unshared"          # (`program_identity` of a program with an unhashable param)
 HOST_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback", "debug_print"})
 
 
