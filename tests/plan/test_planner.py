@@ -163,6 +163,16 @@ def test_judge_objective():
     assert not judge(fused, _cost(1e6, 0.9, 200e6, 4.0), mp=True, memory="auto")
     # ... and not at all for a function used forward only
     assert not judge(_cost(1e6, 0.9), _cost(1e6, 0.9), mp=True, memory="min")
+    # "auto": no slower than plain jax.jit, timed against it (`_Planning.judged`), not against the program
+    # before: the fused gradient's own speedup is not a bar the schedule must clear (the demo's remat: fused
+    # 591 ms, fused + remat 580-698, plain 657-703)
+    timed_plain, faster = _cost(100e6, 1.0, 200e6, 3.0, True), _cost(1e6, 0.9, 200e6, 2.6)
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 2.9, True), memory_pass=True,
+                              memory="auto", use=grad)
+    assert keep and "plain jax.jit" in why, why
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 3.3, True), memory_pass=True,
+                              memory="auto", use=grad)
+    assert not keep and "slower gradient than plain jax.jit" in why, why
 
 
 def test_programs_without_loops_are_not_planned():
