@@ -98,7 +98,8 @@ class ViewCost:
     temp_bytes: float
     seconds: float | None
     memory_from: str = "model"     # "model" | "XLA"
-    time_from: str = "model"       # "model" | "measured"
+    time_from: str = "model"       # "model" | "measured" | "unchecked" (inside the model's error, where
+    # measuring was wanted and the planning budget was spent: a guess, `judge` never gives memory back for it)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,13 @@ def _how(a: ViewCost) -> str:
     return "measured" if a.time_from == "measured" else "predicted"
 
 
+UNCHECKED = "unchecked"
+
+
+def _unchecked(*vs: ViewCost) -> str:
+    return " (not measured: the planning budget is spent)" if any(v.time_from == UNCHECKED for v in vs) else ""
+
+
 def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
           use: Use = UNKNOWN) -> tuple[bool, str]:
     """(keep?, why) for a proposal turning `before` into `after`; `plain` is the program as traced."""
@@ -214,11 +222,12 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
                                      _less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
     if gives_back:      # for a speedup of GIVE_BACK_* in some view (and, below, no view slower)
         timed = [(before[a.view], a) for a in after.views if a.seconds is not None and before[a.view].seconds]
-        need = lambda b, a: GIVE_BACK_MEASURED if a.time_from == b.time_from == "measured" else GIVE_BACK_SPEEDUP
+        need = lambda b, a: GIVE_BACK_MEASURED if a.time_from == b.time_from == "measured" else \
+            math.inf if UNCHECKED in (a.time_from, b.time_from) else GIVE_BACK_SPEEDUP
         if timed and not any(b.seconds >= a.seconds * need(b, a) for b, a in timed):
-            b, a = timed[0]
+            b, a = timed[0]     # (the GPU demo's fission took back fusion's memory on a predicted 1.40x, its
             return False, (f"gives back {', '.join(gives_back)} memory an earlier pass won for a {_how(a)} "
-                           f"{b.seconds / max(a.seconds, 1e-12):.2f}x")
+                           f"{b.seconds / max(a.seconds, 1e-12):.2f}x{_unchecked(b, a)}")   # budget spent)
     for a in after.views:
         b = before[a.view]
         if _slower(b, a, max(MEMORY_WIN_TIME, NOISE) if halves and a.time_from == "measured" else None):
@@ -287,6 +296,9 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
         # before it no slower than the one it replaced)
         ref, than = (p, "plain jax.jit's") if p.seconds is not None and (p.time_from == a.time_from or
                                                                           b.seconds is None) else (b, "the program before")
+        if UNCHECKED in (a.time_from, ref.time_from):    # "confidently predicted" or measured: not a guess
+            return False, (f"the model cannot tell the gradient's time from {than} ({_how(a)} "
+                           f"{ref.seconds / max(a.seconds, 1e-12):.2f}x){_unchecked(a)}; memory='auto' trades no time")
         if _slower(ref, a):
             return False, (f"{_how(a)} slower gradient than {than} ({ref.seconds / a.seconds:.2f}x); memory='auto' "
                            "trades no time (ask 'min' or a byte budget)")
@@ -376,6 +388,8 @@ class _Costs:
                 continue
             t = _measure.seconds(*progs, self.budget, self.example_args)
             if t is None:
+                if self.budget.exhausted:     # measuring was wanted: the model's ratio is inside its error
+                    av[k] = replace(a, time_from=UNCHECKED)
                 continue
             self._timed.update({(_key(q), b.view): x for q, x in zip(progs, t)})
             bv[k] = ViewCost(b.view, b.temp_bytes, t[0], b.memory_from, "measured")

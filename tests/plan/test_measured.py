@@ -123,6 +123,21 @@ def test_auto_times_a_schedule_against_plain_jit(monkeypatch):
     assert refs[-1] is traced[-1]       # remat is judged last: its pair is the traced program's
 
 
+def test_a_schedule_the_budget_left_untimed_is_not_taken_under_auto(monkeypatch):
+    """Where the model cannot tell (its ratio inside CONFIDENT) and the planning budget is spent, the time is
+    a guess: "auto" keeps no schedule on it (memory only at a gradient measured or confidently no slower)."""
+    def spent(before, after, budget, example_args=None):
+        budget.exhausted = True
+        return None
+    monkeypatch.setattr(measure, "seconds", spent)
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    g = jax.grad(o)(*args)
+    (d,) = [d for d in o.decisions() if planner.base_name_of(d) == "remat_loops"]
+    assert not d.kept and "not measured" in d.why, d
+    np.testing.assert_allclose(g, jax.grad(fn)(*args), rtol=1e-5, atol=1e-6)
+
+
 def test_no_measurement_means_the_model(monkeypatch):
     monkeypatch.setenv("JAXFORM_MEASURE", "0")
     monkeypatch.setattr(measure, "seconds", lambda *a, **k: pytest.fail("timed with JAXFORM_MEASURE=0"))
