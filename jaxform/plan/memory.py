@@ -410,7 +410,7 @@ def _xla_temp(closed) -> int:
     batch = cost.batched_gradient()
     if batch is not None and len(batch[0]) == len(closed.in_avals):
         closed = batched_program(closed, *batch)
-    t = _measure.temp_bytes(closed, _measure.Budget(math.inf))
+    t = _measure.temp_bytes(closed, _measure.Budget(math.inf), memory_only=True)    # (never timed)
     return cost.xla_temp(closed) if t is None else t
 
 

@@ -359,7 +359,7 @@ class _Costs:
         return self._model[key][0]
 
     def _with_xla_memory(self, v: ViewCost, prog) -> ViewCost:
-        temp = _measure.temp_bytes(prog, self.budget)
+        temp = _measure.temp_bytes(prog, self.budget, memory_only=not (self.tune or _measure.timing()))
         return v if temp is None else ViewCost(v.view, float(temp), v.seconds, "XLA", v.time_from)
 
     def pair(self, ref, prop, decided_by_memory=None, first_gradient_only: bool = False) \

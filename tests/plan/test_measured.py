@@ -364,3 +364,23 @@ def test_a_large_closed_over_constant_is_not_kept_alive_by_the_key_cache():
     del big, closed
     gc.collect()
     assert ref() is None
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["rnn_mse", "lstm_tanh", "masked"])
+def test_a_memory_only_compile_reads_the_bytes_jit_gets(name):
+    """A budget's candidates are compiled for `memory_analysis()` alone (LLVM's optimizations off,
+    `measure.MEMORY_ONLY_OPTIONS`: 0.57x the compile): the bytes must be jax.jit's, to the byte, forward and
+    gradient, checkpointed or not; a program timed later is compiled again as jax.jit compiles it."""
+    fn, args = PROGRAMS[name]
+    flat, tree = jax.tree_util.tree_flatten(args)
+    ck = lambda *a: jax.checkpoint(fn)(*a)       # noqa: E731
+    for f in (fn, jax.grad(fn), jax.grad(ck)):
+        closed = jax.make_jaxpr(lambda *a: f(*jax.tree_util.tree_unflatten(tree, a)))(*flat)
+        budget = measure.Budget(float("inf"))
+        got = measure.temp_bytes(closed, budget, memory_only=True)
+        assert got == temp(lambda *a: jaxform._jax.eval_jaxpr(closed, *a), *flat), (name, f)
+        prog = measure._program(closed, budget)
+        assert prog.compiled is None and prog.for_memory is not None
+        measure._compiled(closed, budget)
+        assert prog.compiled is not None and budget.compiles == 2
