@@ -75,6 +75,7 @@ class Budget:
     timed: int = 0
     from_cache: int = 0
     exhausted: bool = False
+    refused: int = 0     # pairs left untimed because the allowance was spent (not for any other reason)
     _memo: dict = field(default_factory=dict, repr=False)
 
     compile_spent: float = 0.0
@@ -383,6 +384,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
         if not _unsettled(hit):
             return tuple(hit["seconds"])
     if not budget.allows():
+        budget.refused += 1
         return None if hit is None or "seconds" not in hit else tuple(hit["seconds"])
     args, real = _inputs(before, example_args)
     if args is None or not real and (has_while(before) or has_while(after)):
@@ -392,6 +394,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
             fns = [_compiled(before, budget), _compiled(after, budget)]
             best = _interleaved(fns, args, budget)
             if best is None:
+                budget.refused += 1
                 return None if hit is None or "seconds" not in hit else tuple(hit["seconds"])
             r = best[1] / best[0]
             if _close(r):   # close: again, keep the min (a long program too: its first round is two samples,

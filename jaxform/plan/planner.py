@@ -189,6 +189,10 @@ def _kib(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+def _ms(v: ViewCost) -> str:
+    return f"{v.seconds * 1e3:.3g} ms"
+
+
 def _how(a: ViewCost) -> str:
     return "measured" if a.time_from == "measured" else "predicted"
 
@@ -294,16 +298,20 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
         # "auto" is the default: memory only where the gradient is no slower than plain jax.jit's (`judged` times
         # it against the traced program; where it could not, against the program before, each kept rewrite
         # before it no slower than the one it replaced)
-        ref, than = (p, "plain jax.jit's") if p.seconds is not None and (p.time_from == a.time_from or
-                                                                          b.seconds is None) else (b, "the program before")
+        ref, than = (p, "plain jax.jit's") if p.seconds is not None else (b, "the program before")
         if UNCHECKED in (a.time_from, ref.time_from):    # "confidently predicted" or measured: not a guess
             return False, (f"the model cannot tell the gradient's time from {than} ({_how(a)} "
                            f"{ref.seconds / max(a.seconds, 1e-12):.2f}x){_unchecked(a)}; memory='auto' trades no time")
         if _slower(ref, a):
-            return False, (f"{_how(a)} slower gradient than {than} ({ref.seconds / a.seconds:.2f}x); memory='auto' "
-                           "trades no time (ask 'min' or a byte budget)")
+            return False, (f"{_how(a)} slower gradient than {than} ({_ms(ref)} -> {_ms(a)}, "
+                           f"{ref.seconds / a.seconds:.2f}x); memory='auto' trades no time (ask 'min' or a byte budget)")
+        if ref is p and a.time_from == b.time_from == "measured" and \
+                a.seconds > b.seconds * (1 + max(MEMORY_WIN_TIME, NOISE)):
+            # ... nor gives back more of a time win an earlier pass measured than the planner's 10% regret
+            return False, (f"gives back the time an earlier pass won (measured {_ms(b)} -> {_ms(a)}, "
+                           f"{b.seconds / a.seconds:.2f}x; plain jax.jit's {_ms(p)}); memory='auto' trades no time")
         speed = "" if a.seconds is None or ref.seconds is None else \
-            f", {_how(a)} {ref.seconds / a.seconds:.2f}x {than}"
+            f", {_how(a)} {_ms(ref)} -> {_ms(a)}, {ref.seconds / a.seconds:.2f}x {than}"
         return True, f"less gradient memory at no time{speed}"
     if _less(b.temp_bytes, a.temp_bytes):
         return True, "less gradient memory, as asked"
@@ -386,9 +394,12 @@ class _Costs:
             timed_before = any((_key(q), b.view) in self._timed for q in progs)
             if not self.tune and not timed_before and not (1 / CONFIDENT < ratio < CONFIDENT):
                 continue
+            refused = self.budget.refused
             t = _measure.seconds(*progs, self.budget, self.example_args)
             if t is None:
-                if self.budget.exhausted:     # measuring was wanted: the model's ratio is inside its error
+                # refused for the allowance alone, where the model's ratio is inside its error: a guess
+                # (a callback's program is never timed, and a ratio beyond CONFIDENT is the model's to give)
+                if self.budget.refused > refused and 1 / CONFIDENT < ratio < CONFIDENT:
                     av[k] = replace(a, time_from=UNCHECKED)
                 continue
             self._timed.update({(_key(q), b.view): x for q, x in zip(progs, t)})
@@ -397,6 +408,14 @@ class _Costs:
             if measured is None:
                 measured = t
         return Cost(tuple(bv)), Cost(tuple(av)), measured
+
+
+    def with_times_measured(self, closed) -> Cost:
+        """`closed`'s cost, with the times this plan measured of it in place of the model's."""
+        views = self.views(closed)
+        return Cost(tuple(replace(v, seconds=self._timed[k], time_from="measured")
+                          if views.get(v.view) is not None and (k := (_key(views[v.view]), v.view)) in self._timed
+                          else v for v in self.model(closed).views))
 
 
 def _key(closed):
@@ -522,7 +541,7 @@ class _Planning:
             # traced program, not the one before: the demo's remat timed 0.77x-1.35x against the fused
             # gradient, a near-tie, and each run refused or kept a 5x memory win that plain's was 1.13x slower
             # than (idle min-of-7: plain 657 ms, fused 591, fused + remat 580)
-            before = self.costs.model(ref)
+            before = self.costs.with_times_measured(ref)    # (fusion's decision timed it: no win given back)
             plain, after, measured = self.costs.pair(self.closed, prop,
                                                      lambda _, a: self.memory_settles(before, a, name),
                                                      first_gradient_only=True)

@@ -128,6 +128,7 @@ def test_a_schedule_the_budget_left_untimed_is_not_taken_under_auto(monkeypatch)
     a guess: "auto" keeps no schedule on it (memory only at a gradient measured or confidently no slower)."""
     def spent(before, after, budget, example_args=None):
         budget.exhausted = True
+        budget.refused += 1
         return None
     monkeypatch.setattr(measure, "seconds", spent)
     fn, args = PROGRAMS["rnn_mse"]
