@@ -80,6 +80,7 @@ class Budget:
 
     compile_spent: float = 0.0
     first_compile: float | None = None
+    longest_compile: float = 0.0    # the compile allowance's yardstick (`allows_compile`)
     decision_start: float = 0.0     # running time spent before the decision now measured (`next_decision`)
     ran_out: bool = False           # some earlier decision was left to the model
 
@@ -99,7 +100,9 @@ class Budget:
         """Compiling for memory has its own, larger allowance: the model's bytes are a last resort."""
         if self.first_compile is None or math.isinf(self.seconds or 0.0):
             return True
-        return self.compile_spent < max(BUDGET_SECONDS, MEMORY_COMPILES * self.first_compile)
+        # (scaled by the longest compile of the plan, not its first: in the demo the first was a program JAX had
+        # compiled already for explain, 5 s of allowance ran out before remat, which was left untimed)
+        return self.compile_spent < max(BUDGET_SECONDS, MEMORY_COMPILES * self.longest_compile)
 
     def allows(self) -> bool:
         """May another pair be timed? Running time counts against `seconds`; compiling has its own allowance."""
@@ -297,6 +300,7 @@ def _compiled(closed, budget: Budget, memory_only: bool = False):
         budget.compile_spent += took
         if budget.first_compile is None:
             budget.first_compile = took
+        budget.longest_compile = max(budget.longest_compile, took)
         if budget.seconds is None:
             budget.seconds = max(BUDGET_SECONDS, BUDGET_COMPILES * took)
     return prog.compiled if prog.compiled is not None or not memory_only else prog.for_memory

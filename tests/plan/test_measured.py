@@ -385,3 +385,12 @@ def test_a_memory_only_compile_reads_the_bytes_jit_gets(name):
         assert prog.compiled is None and prog.for_memory is not None
         measure._compiled(closed, budget)
         assert prog.compiled is not None and budget.compiles == 2
+
+
+def test_the_compile_allowance_is_scaled_by_the_longest_compile():
+    """A plan whose first compile was cheap (a program JAX had compiled already) still gets MEMORY_COMPILES
+    of its gradient's compiles: the demo's remat was left untimed when the allowance was 24 x a cache hit."""
+    b = measure.Budget(None, first_compile=0.01, longest_compile=1.0, compile_spent=measure.BUDGET_SECONDS + 1)
+    assert b.allows_compile()
+    b.compile_spent = measure.MEMORY_COMPILES * 1.0 + 1
+    assert not b.allows_compile()
