@@ -15,7 +15,9 @@ Findings (JAX 0.10.2, XLA:CPU, 2 loaded cores, default XLA_FLAGS):
   B. (medium, not from these changes) A byte budget misses where the default meets it: rnn_max_sum (L=64,
      B=16, H=32), jax.grad(optimize(f, memory=0.5 x plain)) runs 400208 B with a "cannot fit" warning for
      394336 B; memory=None runs 276744 B and "min" 101000 B (fuse_scan_reductions is refused alone for its
-     value-returned view and, under a budget, not rescued by `after_memory_planning`). Strict xfail.
+     value-returned view and, under a budget, not rescued by `after_memory_planning`). Fixed: under a byte
+     budget, `judge` keeps a proposal that brings the worst gradient view down where it misses the budget and
+     grows only gradient views, within it (`_over_budget`): memory first, time not weighed.
   C. (medium, not from these changes) optimize(jax.grad(f), memory=budget) called forward on a program whose
      gradient's add_any all sit inside its loops (two independent carries): the planner's `_is_gradient`
      (nested walk) keeps remat_program, whose `recompute.is_gradient` (top level only) says "not a gradient",
@@ -526,20 +528,29 @@ def test_fission_thinning_with_timing_on_equal_plain(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="B (medium): a byte budget misses what memory=None reaches")
 def test_budget_on_rnn_max_sum_reaches_what_the_default_reaches():
     """Finding B (medium; fuse_scan_reductions/after_memory_planning, not these changes). Input: rnn_max_sum
     (L=64, B=16, H=32), jax.grad(optimize(f, memory=0.5 x plain jax.grad temp = 394336 B)). Expected: within
     the budget (memory=None reaches 276744 B with fuse_scan_reductions kept "once loop memory planning has
-    run"; "min" 101000 B). Got: 400208 B and "remat_loops cannot fit ... in memory=394336 bytes":
-    fuse_scan_reductions refused ("more grad (value returned) temp memory than the program as traced")."""
+    run", where its timing allows; "min" 101000 B). Got: 400208 B and "remat_loops cannot fit ... in
+    memory=394336 bytes": fuse_scan_reductions refused ("more grad (value returned) temp memory than the
+    program as traced"), and `after_memory_planning` did not rescue it: with remat after both, the fused
+    gradient takes 270.3 KiB in each view, the unfused 390.8 KiB under jax.grad (over the budget) but 263.0 KiB
+    under jax.value_and_grad, so `judge` read the fusion as giving back 7.3 KiB of value_and_grad's memory for
+    time (refused for a predicted 0.47x). Fixed: under a byte budget `judge` keeps a proposal that brings the
+    worst gradient view down where it misses the budget and grows only gradient views, within it
+    (`planner._over_budget`: memory first, time not weighed); the budget now runs 276744 B, no warning.
+    (The premise is "min"'s or the default's fit: the default's keeps the fusion only where it times no
+    slower, which a loaded 2-core machine does not always measure.)"""
     f, args = _programs(64)["rnn_max_sum"]
     plain = temp(jax.grad(f), *args)
     mem = int(0.5 * plain)
     default, _ = said(lambda: temp(jax.grad(jaxform.optimize(f)), *args))
-    assert default <= mem         # the premise: the default plan fits it
+    least, _ = said(lambda: temp(jax.grad(jaxform.optimize(f, memory="min")), *args))
+    assert min(default, least) <= mem     # the premise: the default or "min" fits it
     got, w = said(lambda: temp(jax.grad(jaxform.optimize(f, memory=mem)), *args))
-    assert got <= mem, (got, mem, default, w)
+    assert got <= mem, (got, mem, default, least, w)
+    assert not [m for m in w if "cannot fit" in m], w
 
 
 @pytest.mark.slow
