@@ -292,7 +292,7 @@ def _compiled(closed, budget: Budget, memory_only: bool = False):
         if options:
             prog.for_memory = out
         else:
-            prog.compiled = out
+            prog.compiled, prog.for_memory = out, None     # (its memory is this one's: one executable kept)
         budget.compiles += 1
         _tick()
         took = time.perf_counter() - t0
