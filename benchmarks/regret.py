@@ -4,7 +4,8 @@ Per program (benchmarks/regret_programs.py) and view (`fwd` = jit(optimize(f)), 
 jit(grad(optimize(f))), `opt_of_grad` = jit(optimize(grad(f)))), it measures plain jax.jit, the
 planner (`optimize(f)`, all defaults) and every candidate: a subset of the deciding passes that change
 the program (plus inline, cse, dce), crossed with memory in {None, "auto"}, unplanned. XLA temp memory
-from `memory_analysis`, time interleaved min-of-N (`jaxform.inspect.program.min_time`).
+from `memory_analysis`, time interleaved min-of-N (`jaxform.inspect.program.min_time`), each sample a fast
+program's calls back to back for SAMPLE_SECONDS; candidates that lower to the same program are timed once.
 
   time regret   = planner time / fastest candidate with temp <= plain temp
   memory regret = planner temp / least temp among candidates with time <= plain time * 1.05
@@ -46,6 +47,7 @@ DECIDING = ["stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_
 MEMORIES = (None, "auto")
 NOISE = 0.05
 CONFIRM = 2      # rounds of re-timing for the programs a failing verdict rests on
+SAMPLE_SECONDS = 0.01   # one timing sample runs a fast program back to back this long (`min_time`)
 KiB = 1024
 
 
@@ -108,19 +110,34 @@ def label(subset, memory) -> str:
     return ("+".join(short[p] for p in DECIDING if p in subset) or "-") + f"/{memory}"
 
 
-def measure(named: dict, args, reps: int, notes: list) -> dict:
-    """{name: (seconds, temp)} for the jitted programs that compile and run; others noted and skipped."""
-    ok, temps = {}, {}
+def fingerprint(jitted, args) -> str:
+    """The lowered program's text less its module name: two candidates with the same text are one program."""
+    text = jitted.lower(*args).as_text()
+    return text.split("\n", 1)[1] if text.startswith("module") else text
+
+
+def timed(fns: list, args, reps: int) -> list:
+    return min_time(fns, args, reps=reps, sample_seconds=SAMPLE_SECONDS)
+
+
+def measure(named: dict, args, reps: int, notes: list) -> tuple[dict, dict]:
+    """({name: (seconds, temp)} for the jitted programs that compile and run, {name: fingerprint}); others
+    noted and skipped. One program reached by several candidates is timed once: its copies got 0.70x-1.42x
+    of each other's time in one run (issue 37), noise a verdict must not rest on."""
+    ok, temps, prints = {}, {}, {}
     for name, g in named.items():
         try:
             temps[name] = temp_of(g, args)
+            prints[name] = fingerprint(g, args)
             jax.block_until_ready(g(*args))
             ok[name] = g
         except Exception as e:
             notes.append(f"{name}: skipped ({type(e).__name__}: {str(e)[:80]})")
-    names = list(ok)
-    secs = min_time([ok[n] for n in names], args, reps=reps) if names else []
-    return {n: (s, temps[n]) for n, s in zip(names, secs)}
+    first = {}
+    for n in ok:
+        first.setdefault(prints[n], n)
+    secs = dict(zip(first.values(), timed([ok[n] for n in first.values()], args, reps))) if first else {}
+    return {n: (secs[first[prints[n]]], temps[n]) for n in ok}, prints
 
 
 def row(name, fn, args, kind, reps, cap, notes) -> dict:
@@ -138,7 +155,7 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
         named["min"] = view(kind, fn, lambda f: jaxform.optimize(f, memory="min"), args)
     except Exception:
         pass
-    res = measure(named, args, reps, notes)
+    res, prints = measure(named, args, reps, notes)
     if "planner" not in res:
         return {"program": name, "view": kind, "error": "planner failed"}
     # the decisions judged for this view (a jit trace's plan joins a forward and a gradient plan: `Decision.use`)
@@ -151,9 +168,11 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
         doubt = {n for n in suspects(r) if n in named and n in res}
         if not doubt:
             break
-        again = min_time([named[n] for n in sorted(doubt)], args, reps=reps)
-        for n, t in zip(sorted(doubt), again):
-            res[n] = (min(res[n][0], t), res[n][1])
+        once = {prints[n]: n for n in sorted(doubt)}      # (one program is timed once)
+        again = dict(zip(once.values(), timed([named[n] for n in once.values()], args, reps)))
+        for n in res:
+            if prints[n] in once:
+                res[n] = (min(res[n][0], again[once[prints[n]]]), res[n][1])
         r = verdicts(res, cands, decisions)
     r.update(program=name, view=kind, candidates=len(cands), active=active)
     return r

@@ -200,6 +200,34 @@ def _how(a: ViewCost) -> str:
 UNCHECKED = "unchecked"
 
 
+class Why(str):
+    """A verdict's reason: the words `explain` shows, and what it is about, which the planner reads in place
+    of the words (a refusal for a gradient's memory or time is judged again with memory planning to come):
+    `kind` (KEPT or one of the refusals below) and the `view` it concerns ("" for none in particular)."""
+    kind: str
+    view: str
+
+    def __new__(cls, text: str, kind: str = "kept", view: str = ""):
+        out = super().__new__(cls, text)
+        out.kind, out.view = kind, view
+        return out
+
+    def reworded(self, text: str) -> "Why":
+        """The same verdict in other words (what a later pass made of it, said beside it)."""
+        return Why(text, self.kind, self.view)
+
+
+KEPT = "kept"
+BIGGER = "bigger"            # more temp memory than the program before (or as traced) in `view`
+ASKED = "asked"              # gives back memory that "min" or a budget asks for
+GIVES_BACK = "gives back"    # gives back memory an earlier pass won, for too little time
+SLOWER = "slower"            # slower in `view`
+NO_SAVING = "no saving"      # a memory pass saving nothing
+UNTOLD = "untold"            # "auto" cannot tell its time from plain's (a guess): trades no time
+GIVES_BACK_TIME = "gives back time"   # "auto": a schedule giving back a time win an earlier pass measured
+FORWARD_ONLY = "forward only"         # a memory pass on a function used forward only
+
+
 def _unchecked(*vs: ViewCost) -> str:
     return " (not measured: the planning budget is spent)" if any(v.time_from == UNCHECKED for v in vs) else ""
 
@@ -213,18 +241,18 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
         p, b = plain[a.view], before[a.view]     # too, whatever another view wins: 3x faster is not a license)
         exact = a.memory_from == p.memory_from == b.memory_from == "XLA" and a.view != HYPOTHETICAL_GRAD
         if a.temp_bytes > max(p.temp_bytes, b.temp_bytes) * (1 + (0 if exact else MEMORY_REL)):
-            return False, f"more {a.view} temp memory than the program as traced"
+            return False, Why(f"more {a.view} temp memory than the program as traced", BIGGER, a.view)
     gives_back = [a.view for a in after.views if _more(before[a.view].temp_bytes, a.temp_bytes)]
     asked = [v for v in gives_back if use.differentiates(v) and
              (memory == "min" or _byte_budget(memory) and after[v].temp_bytes > memory)]
     if asked:    # memory first, as asked: no time buys back the gradient bytes "min" or a budget needs (fission
-        return False, f"gives back {', '.join(asked)} memory that memory={memory!r} asks for"  # undid fusion's fit)
-    over = _over_budget(before, after, gives_back, memory, use)
+        return False, Why(f"gives back {', '.join(asked)} memory that memory={memory!r} asks for", ASKED, asked[0])
+    over = _over_budget(before, after, gives_back, memory, use)     # (undid fusion's fit)
     if over:     # a budget is for each way of running the gradient: the worst one, missing it, brought down (the
-        return True, over   # others' give-backs stay within it) is memory first, as asked, whatever the time
+        return True, Why(over)   # others' give-backs stay within it) is memory first, as asked, whatever the time
     if (memory == "min" or _byte_budget(memory)) and not gives_back \
             and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
-        return True, f"less memory (memory={memory!r}: memory first, time not weighed)"
+        return True, Why(f"less memory (memory={memory!r}: memory first, time not weighed)")
     halves = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
                                      _less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
     if gives_back:      # for a speedup of GIVE_BACK_* in some view (and, below, no view slower)
@@ -233,19 +261,20 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
             math.inf if UNCHECKED in (a.time_from, b.time_from) else GIVE_BACK_SPEEDUP
         if timed and not any(b.seconds >= a.seconds * need(b, a) for b, a in timed):
             b, a = timed[0]     # (the GPU demo's fission took back fusion's memory on a predicted 1.40x, its
-            return False, (f"gives back {', '.join(gives_back)} memory an earlier pass won for a {_how(a)} "
-                           f"{b.seconds / max(a.seconds, 1e-12):.2f}x{_unchecked(b, a)}")   # budget spent)
+            return False, Why(f"gives back {', '.join(gives_back)} memory an earlier pass won for a {_how(a)} "
+                              f"{b.seconds / max(a.seconds, 1e-12):.2f}x{_unchecked(b, a)}", GIVES_BACK,
+                              gives_back[0])    # budget spent)
     for a in after.views:
         b = before[a.view]
         if _slower(b, a, max(MEMORY_WIN_TIME, NOISE) if halves and a.time_from == "measured" else None):
-            return False, f"{_how(a)} slower {a.view} ({b.seconds / a.seconds:.2f}x)"
+            return False, Why(f"{_how(a)} slower {a.view} ({b.seconds / a.seconds:.2f}x)", SLOWER, a.view)
     main = after.views[0]
     speed = "" if main.seconds is None or before[main.view].seconds is None else \
         f", {_how(main)} {before[main.view].seconds / max(main.seconds, 1e-12):.2f}x"
     if gives_back:
-        return True, f"faster for memory an earlier pass won (within the traced program's){speed}"
+        return True, Why(f"faster for memory an earlier pass won (within the traced program's){speed}")
     smaller = any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
-    return True, ("less memory" if smaller else "no bigger") + speed
+    return True, Why(("less memory" if smaller else "no bigger") + speed)
 
 
 def _over_budget(before: Cost, after: Cost, gives_back: list, memory, use: Use) -> str:
@@ -291,54 +320,57 @@ def _worst(c: Cost, views: list) -> ViewCost:
 def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> tuple[bool, str]:
     grads = [a for a in after.views if use.differentiates(a.view)]
     if not grads:
-        return False, "the function is used forward only: nothing to remember"
+        return False, Why("the function is used forward only: nothing to remember", FORWARD_ONLY)
     for a in after.views:      # the views that run forward (jit's): checkpoints change only what AD stores, so
         b = before[a.view]     # under "auto" they may not cost them a byte (no win given back); "min" and
         # budgets trade forward bytes for gradient memory as asked, within the traced program's
         ref = b.temp_bytes if memory == "auto" else max(b.temp_bytes, plain[a.view].temp_bytes)
         exact = a.memory_from == b.memory_from == "XLA"
         if not use.differentiates(a.view) and a.temp_bytes > ref * (1 + (0 if exact else MEMORY_REL)):
-            return False, f"more {a.view} temp memory ({_kib(ref)} -> {_kib(a.temp_bytes)})"
+            return False, Why(f"more {a.view} temp memory ({_kib(ref)} -> {_kib(a.temp_bytes)})", BIGGER, a.view)
     views = [g.view for g in grads]     # a gradient's memory: the most any way of running it takes (`_worst`)
     a, p, b = _worst(after, views), _worst(plain, views), _worst(before, views)
     for g in grads:     # ... and no way of running it grows past the program before (unless a budget is met:
         ref = before[g.view].temp_bytes     # the worst alone hid sincos's jax.grad going 644 B -> 21316 B, "min")
         if _more(ref, g.temp_bytes) and not (_byte_budget(memory) and g.temp_bytes <= memory):
-            return False, f"more {g.view} memory ({_kib(ref)} -> {_kib(g.temp_bytes)})"
+            return False, Why(f"more {g.view} memory ({_kib(ref)} -> {_kib(g.temp_bytes)})", BIGGER, g.view)
     if _byte_budget(memory) and a.temp_bytes <= memory:
-        return True, "fits the byte budget"
+        return True, Why("fits the byte budget")
     if b.temp_bytes > p.temp_bytes * (1 + MEMORY_REL) and a.temp_bytes < b.temp_bytes and memory != "auto":
-        return True, "less gradient memory, back within the program as traced"   # an earlier rewrite counted on it
+        return True, Why("less gradient memory, back within the program as traced")   # an earlier rewrite counted on it
     # (under "auto" such a schedule is timed like any other: if it is slower, the rewrite that counted on it is
     # undone with it, `_Planning.run`'s pending)
     back_within = b.temp_bytes > p.temp_bytes and a.temp_bytes < b.temp_bytes
     if not (_less(b.temp_bytes, a.temp_bytes) or back_within or
             (memory == "min" and a.temp_bytes <= b.temp_bytes + _slack(b.temp_bytes))):
-        return False, "no gradient memory saved"
+        return False, Why("no gradient memory saved", NO_SAVING, a.view)
     if memory == "auto":
         # "auto" is the default: memory only where the gradient is no slower than plain jax.jit's (`judged` times
         # it against the traced program; where it could not, against the program before, each kept rewrite
         # before it no slower than the one it replaced)
         ref, than = (p, "plain jax.jit's") if p.seconds is not None else (b, "the program before")
         if UNCHECKED in (a.time_from, ref.time_from):    # "confidently predicted" or measured: not a guess
-            return False, (f"the model cannot tell the gradient's time from {than} ({_how(a)} "
-                           f"{ref.seconds / max(a.seconds, 1e-12):.2f}x){_unchecked(a)}; memory='auto' trades no time")
+            return False, Why(f"the model cannot tell the gradient's time from {than} ({_how(a)} "
+                              f"{ref.seconds / max(a.seconds, 1e-12):.2f}x){_unchecked(a)}; memory='auto' trades no "
+                              "time", UNTOLD, a.view)
         if _slower(ref, a):
-            return False, (f"{_how(a)} slower gradient than {than} ({_ms(ref)} -> {_ms(a)}, "
-                           f"{ref.seconds / a.seconds:.2f}x); memory='auto' trades no time (ask 'min' or a byte budget)")
+            return False, Why(f"{_how(a)} slower gradient than {than} ({_ms(ref)} -> {_ms(a)}, "
+                              f"{ref.seconds / a.seconds:.2f}x); memory='auto' trades no time (ask 'min' or a byte "
+                              "budget)", SLOWER, a.view)
         if ref is p and a.time_from == b.time_from == "measured" and \
                 a.seconds > b.seconds * (1 + max(MEMORY_WIN_TIME, NOISE)):
             # ... nor gives back more of a time win an earlier pass measured than the planner's 10% regret
-            return False, (f"gives back the time an earlier pass won (measured {_ms(b)} -> {_ms(a)}, "
-                           f"{b.seconds / a.seconds:.2f}x; plain jax.jit's {_ms(p)}); memory='auto' trades no time")
+            return False, Why(f"gives back the time an earlier pass won (measured {_ms(b)} -> {_ms(a)}, "
+                              f"{b.seconds / a.seconds:.2f}x; plain jax.jit's {_ms(p)}); memory='auto' trades no "
+                              "time", GIVES_BACK_TIME, a.view)
         speed = "" if a.seconds is None or ref.seconds is None else \
             f", {_how(a)} {_ms(ref)} -> {_ms(a)}, {ref.seconds / a.seconds:.2f}x {than}"
-        return True, f"less gradient memory at no time{speed}"
+        return True, Why(f"less gradient memory at no time{speed}")
     if _less(b.temp_bytes, a.temp_bytes):
-        return True, "less gradient memory, as asked"
+        return True, Why("less gradient memory, as asked")
     if back_within:
-        return True, "less gradient memory, back within the program as traced"
-    return True, "memory='min': no more gradient memory (saving below the model's resolution)"
+        return True, Why("less gradient memory, back within the program as traced")
+    return True, Why("memory='min': no more gradient memory (saving below the model's resolution)")
 
 
 # ---- what a candidate costs ------------------------------------------------------------------------
@@ -579,7 +611,7 @@ class _Planning:
         untimed = lambda c: Cost(tuple(ViewCost(v.view, v.temp_bytes, None, v.memory_from) for v in c.views))
         keep, why = judge(self.plain, untimed(before), untimed(after), memory_pass=name in MEMORY_PASSES,
                           memory=self.memory, use=self.costs.use)
-        return (not keep and "memory" in why and "gives back" not in why) or \
+        return (not keep and why.kind in (BIGGER, NO_SAVING)) or \
             (keep and name in MEMORY_PASSES and self.memory != "auto")
 
     def run(self) -> Plan:
@@ -633,7 +665,7 @@ class _Planning:
                     pending[ENABLES[name]] = i
             elif keep and name in JUDGED_AGAINST_LATER:
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
-            if not keep and ("memory" in why or "gives back" in why) and won and name not in MEMORY_PASSES:
+            if not keep and why.kind in (BIGGER, ASKED, GIVES_BACK) and won and name not in MEMORY_PASSES:
                 j = won[-1]      # the same proposal on the program without the last memory win
                 alt, alt_said = self.propose(self.closed, [q for k, q in enumerate(pipeline[:i + 1])
                                                            if k not in skip | {j}])
@@ -644,8 +676,8 @@ class _Planning:
                                                   f"undone for {name}: {why2}"))
                         skip.add(j)
                         won.remove(j)
-                        keep, why, before, after, cand, measured = \
-                            True, f"instead of {base_name(pipeline[j])}: {why2}", before2, after2, alt, m2
+                        why = why2.reworded(f"instead of {base_name(pipeline[j])}: {why2}")
+                        keep, before, after, cand, measured = True, before2, after2, alt, m2
                         self.said = list(alt_said)     # the whole pipeline so far, replayed without j
             decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured,
                                       keep and big_win(before, after)))
@@ -860,7 +892,8 @@ class _Planning:
         tail = [q for q in self.pipeline[i + 1:] if (not decided(q) or q in later) and base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
-        return (True, f"{why2} once loop memory planning has run (alone: {why})") if k2 else (keep, why)
+        return (True, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})")) if k2 else \
+            (keep, why)
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
         """A proposal judged together with the later pass it enables (`ENABLES`), against that pass alone:
@@ -876,12 +909,12 @@ class _Planning:
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail))
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         if keep:
-            return (True, why) if k2 else (False, f"{why2} once {enabled} has run (alone: {why})")
+            return (True, why) if k2 else (False, why2.reworded(f"{why2} once {enabled} has run (alone: {why})"))
         faster = any(a.seconds is not None and before[a.view].seconds is not None and
                      a.seconds < before[a.view].seconds for a in after.views)
         if not k2 or not (any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views) or faster):
             return keep, why
-        return True, f"{why2} once {enabled} has run (alone: {why})"
+        return True, why2.reworded(f"{why2} once {enabled} has run (alone: {why})")
 
 
 FORWARD_OF_GRADIENT = Use(("gradient program",))
@@ -892,12 +925,12 @@ def base_name_of(d: Decision) -> str:
     return d.pass_name.split("(")[0].split(" [")[0]
 
 
-def _gradient_refusal(why: str) -> bool:
+def _gradient_refusal(why: Why) -> bool:
     """Was a proposal refused for what it does to a gradient (memory, or time)? Then it is judged again with
     loop memory planning still to come (`after_memory_planning`): the demo's fused loss measured 0.95x-1.14x
     alone from run to run (a near-tie), and its remat then ran 0.80x plain's on the unfused loop where the
     fused one ran 1.14x-1.25x."""
-    return why.startswith("more grad") or why.startswith(("measured slower grad", "predicted slower grad"))
+    return why.kind in (BIGGER, SLOWER) and why.view.startswith("grad")
 
 
 def _same(a, b) -> bool:

@@ -189,6 +189,31 @@ def test_judge_objective():
                          use=grad)[0]
 
 
+def test_a_verdict_says_what_it_is_about_apart_from_its_words():
+    """The planner reads a refusal's kind and view (`planner.Why`), not its words: a refusal for a gradient's
+    memory or time is judged again with memory planning to come, whatever the sentence says, and a verdict
+    reworded by a later pass keeps what it is about."""
+    plain = _cost(100e6, 1.0, 200e6, 3.0)
+    grad = Use((("grad", (0,)),))
+    judge = lambda b, a, **k: planner.judge(plain, b, a, memory_pass=k.get("mp", False),  # noqa: E731
+                                            memory=k.get("memory"), use=grad)[1]
+    bigger = judge(plain, _cost(100e6, 0.5, 250e6, 2.0))
+    assert (bigger.kind, bigger.view) == (planner.BIGGER, "grad") and planner._gradient_refusal(bigger)
+    fwd_bigger = judge(plain, _cost(150e6, 0.5, 200e6, 2.0))
+    assert (fwd_bigger.kind, fwd_bigger.view) == (planner.BIGGER, "forward")
+    assert not planner._gradient_refusal(fwd_bigger)
+    slower = judge(_cost(2e6, 1.0, 200e6, 3.0, True), _cost(2e6, 1.0, 200e6, 3.5, True))
+    assert (slower.kind, slower.view) == (planner.SLOWER, "grad") and planner._gradient_refusal(slower)
+    back = judge(_cost(1e6, 0.9, 200e6, 2.9), _cost(100e6, 0.8, 200e6, 2.9))
+    assert back.kind == planner.GIVES_BACK and not planner._gradient_refusal(back)
+    none = judge(_cost(1e6, 0.9, 100e6, 2.9), _cost(1e6, 0.9, 100e6, 2.9), mp=True, memory="min")
+    assert none.kind == planner.KEPT     # ("min": no more memory is kept, saving nothing)
+    assert judge(_cost(1e6, 0.9, 100e6, 2.9), _cost(1e6, 0.9, 100e6, 2.9), mp=True, memory="auto").kind == \
+        planner.NO_SAVING
+    reworded = bigger.reworded(f"{bigger} once thin_residuals has run")
+    assert reworded.kind == planner.BIGGER and reworded.view == "grad" and reworded.endswith("has run")
+
+
 def test_programs_without_loops_are_not_planned():
     def mlp(w, x):
         return jnp.sum(jnp.tanh(x @ w) @ w.T)
