@@ -42,7 +42,10 @@ MIN_REPS = 2
 NOISE = 0.05          # two measured times closer than this are a tie (the machine's noise, 2 loaded cores)
 MARGINAL = 0.5        # a ratio between NOISE and this is timed again before it is believed (min of both),
                       # within what is left of the budget (`_interleaved` checks)
-SETTLE_ROUNDS = 3     # ... and, cached, timed again by later plans until this many processes measured it
+SETTLE_ROUNDS = 3     # ... and, cached, timed again by later plans until this many processes measured it;
+CHEAP_SECONDS = 0.02  # so is a cached tie of two programs this fast (a verdict from one loaded moment: the
+                      # Flax RNN's remat cached at 0.97x plain, 0.79x timed afresh, and the plan ran 1.32x)
+TIMING = "t2"         # how times are taken, in their cache key: verdicts timed another way are timed again
 SAMPLE_SECONDS = 2e-3  # one timing sample runs a fast program this long (several calls), so timer noise fades
 BUDGET_SECONDS = 5.0  # what running candidates may take per deciding pass (compiles apart), at least ...
 BUDGET_COMPILES = 8   # ... or this many times the traced program's own compile, whichever is more
@@ -378,7 +381,7 @@ def seconds(before, after, budget: Budget, example_args=None) -> tuple[float, fl
         return None      # running it would run the user's callbacks: planning must not
     try:
         keys = program_key(before, budget), program_key(after, budget)
-        key = hashlib.sha256("".join(keys).encode()).hexdigest()
+        key = hashlib.sha256((TIMING + "".join(keys)).encode()).hexdigest()
         key = LOCAL + key if any(k.startswith(LOCAL) for k in keys) else key
     except Exception:  # noqa: BLE001 - a program that cannot be lowered alone: the model times it
         return None
@@ -421,9 +424,12 @@ def _close(r: float) -> bool:
 
 def _unsettled(hit: dict) -> bool:
     """A cached near-tie measured in fewer than SETTLE_ROUNDS processes: timed again (a verdict taken on a
-    loaded moment would otherwise stand forever), the min of every round kept."""
+    loaded moment would otherwise stand forever), the min of every round kept; so is a tie of two cheap
+    programs (CHEAP_SECONDS: a few milliseconds to time again, and a wrong tie lets near-ties add up)."""
     a, b = hit["seconds"]
-    return hit.get("rounds", 1) < SETTLE_ROUNDS and _close(b / max(a, 1e-15))
+    r = b / max(a, 1e-15)
+    return hit.get("rounds", 1) < SETTLE_ROUNDS and (_close(r) or max(r, 1 / r) <= 1 + NOISE and
+                                                      max(a, b) < CHEAP_SECONDS)
 
 
 def _interleaved(fns, args, budget: Budget, known: list[float] | None = None) -> list[float] | None:

@@ -784,14 +784,15 @@ class _Planning:
                     "derivatives are not judged)")))
                 self.forward = chosen
                 return wrapped, skip
+        over = over or self.slower(chosen)
         if over is None:
             return chosen, skip
         kept = [k for k, p in enumerate(self.pipeline) if decided(p) and k not in skip]
         for k in kept[::-1][:GUARD_RETRIES]:
             alt, said = self.propose(self.closed, [p for j, p in enumerate(self.pipeline) if j not in skip | {k}])
-            if not _same(alt, self.closed) and self.bigger(alt) is None:
+            if not _same(alt, self.closed) and self.bigger(alt) is None and self.slower(alt) is None:
                 decisions.append(Decision(getattr(self.pipeline[k], "pass_name", ""), False, self.plain, self.plain,
-                                          f"undone by the final guard: XLA measured {over} with it"))
+                                          f"undone by the final guard: {over} with it"))
                 self.said, self.partial = list(said), False
                 return alt, skip | {k}
         self.said, skip = [], {k for k, p in enumerate(self.pipeline) if decided(p)}
@@ -804,7 +805,7 @@ class _Planning:
             if k == len(fallbacks) - 1 or self.only_inlined(out) or self.bigger(out) is None:
                 break
         decisions.append(Decision("planner", False, self.plain, self.plain,
-                                  f"XLA measured {over}: no loop rewrite is kept" + (", no CSE" if k else "")))
+                                  f"{over}: no loop rewrite is kept" + (", no CSE" if k else "")))
         self.said = list(said)
         return out, skip | ({j for j, p in enumerate(self.pipeline) if base_name(p) in DROPPABLE} if k else set())
 
@@ -831,8 +832,33 @@ class _Planning:
             # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance, in every view (a gradient
             # only a jit trace may run too: where it is bigger, the derivatives as traced keep the forward's wins)
             if opt > plain * (1 + (0 if strict or not view.startswith(HYPOTHETICAL_GRAD) else MEMORY_REL)):
-                return f"{view} temp {opt} B > {plain} B as traced"
+                return f"XLA measured {view} temp {opt} B > {plain} B as traced"
         return None
+
+    def slower(self, chosen) -> str | None:
+        """Where `chosen` runs slower than the traced program (in words), or None: the view the use runs (its
+        first gradient; the forward if it takes none), the two timed in one interleaved pair. Each kept rewrite
+        was no slower than the one before within the machine's noise, but near-ties add up: the Flax RNN's
+        gradient kept hoisting, fusion and remat at 1.04x, 1.04x and 0.97x and ran 1.32x plain jax.jit's
+        (regret.py, issue 37). A program that halves that view's memory may be MEMORY_WIN_TIME slower, as
+        `judge` allows. Only where nothing is asked before time (`memory` None or "auto") and time is measured."""
+        if self.memory not in (None, "auto") or not (self.costs.tune or _measure.timing()):
+            return None
+        use = self.costs.use
+        views = [v for v in self.costs.views(self.closed) if v != HYPOTHETICAL_GRAD and
+                 (use.differentiates(v) or not use.differentiated)]
+        if not views:
+            return None
+        view = views[0]
+        a, b = self.costs.views(self.closed).get(view), self.costs.views(chosen).get(view)
+        t = _measure.seconds(a, b, self.costs.budget, self.costs.example_args)
+        if t is None:
+            return None
+        m = _measure.temp_bytes(a, self.costs.budget), _measure.temp_bytes(b, self.costs.budget)
+        halves = None not in m and m[1] * MEMORY_WIN <= m[0] and _less(m[0], m[1])
+        if t[1] <= t[0] * (1 + (max(MEMORY_WIN_TIME, NOISE) if halves else NOISE)):
+            return None
+        return f"measured {view} {t[0] * 1e3:.3g} ms -> {t[1] * 1e3:.3g} ms, {t[0] / t[1]:.2f}x as traced"
 
     def loop_by_loop(self, i, p, name, good, decisions: list):
         """`p`'s proposal judged one top-level loop at a time (`per_loop`), each kept on its own merits; then
