@@ -10,7 +10,7 @@ Findings (JAX 0.10.2, XLA:CPU, 2 loaded cores, JAXFORM_MEASURE=memory as the sui
      the model walks to for a shrinking target: `loop_schedules` at 7814 B goes keep -> remat -> sqrt ->
      "revolve" with 1 slot (predicted 13056 B, below sqrt), XLA measures 28416 B; the retry target goes
      negative, the same schedule comes back, the loop breaks. "remat" (XLA 17232 B) and "sqrt" are never
-     compiled, so `best` can only be the revolve. Strict xfail.
+     compiled, so `best` can only be the revolve. Fixed: an unmet budget measures `memory.FALLBACKS` too.
   B. (medium) A budget the plan could meet is missed by 7 bytes, because a proposal that brings the gradient
      from over the budget to within it saves less than MEMORY_SLACK (4096 B) and is then judged on time.
      lstm, L=16: plain 127876 B; memory=31969 (25%) -> 31976 B and a "cannot fit" warning; memory=63938 and
@@ -18,7 +18,8 @@ Findings (JAX 0.10.2, XLA:CPU, 2 loaded cores, JAXFORM_MEASURE=memory as the sui
      (`after_memory_planning`): 31976 -> 28944 B, a 3032 B saving, not `_less`; nothing given back, so
      `_over_budget` does not apply; refused "predicted slower grad (0.39x)". `planner.judge` has no rule for
      "the worst gradient view misses the budget before and fits it after". Same cause under "min" and in
-     rnn_mlp L=1 (fusion 8704 -> 7168 B refused for a predicted 0.82x at memory=4352 and "min"). Strict xfail.
+     rnn_mlp L=1 (fusion 8704 -> 7168 B refused for a predicted 0.82x at memory=4352 and "min"). Fixed for
+     budgets: `planner._over_budget` keeps a proposal that makes a missed budget fit ("min" is as it was).
   C. (medium) A budget silently unmet under jax.grad(..., has_aux=True). f returns (rnn_mse, rnn_mse * 1.0),
      L=16: jax.grad(optimize(f, memory=9000), has_aux=True) runs 9376 B of XLA temp, and no warning (the
      same at 8800 and 9300). The planner's has_aux view (`use.Use.program`, AUX_GRAD) is built with
@@ -141,9 +142,6 @@ def _cost(grad, valued, seconds):
 # ============= finding A: a tighter budget walks fit_loops into revolve(1), above "min" and a looser budget =============
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 15 finding A: fit_loops measures only the schedules the model walks to "
-                                       "for a shrinking target (revolve, 1 slot), never remat/sqrt; the 5% budget "
-                                       "ends at 27904 B where 'min' reaches 18500 B and 25% reaches 17156 B")
 def test_tighter_budget_no_bigger_than_min_or_a_looser_budget():
     """Finding A. rnn_mlp, L=16: plain 156292 B; memory=39073 -> 17156 B; "min" -> 18500 B; memory=7814 ->
     27904 B (unmet, warned "XLA measures 27.8 KiB"). Expected: an unmet budget ends no bigger than what "min"
@@ -159,8 +157,6 @@ def test_tighter_budget_no_bigger_than_min_or_a_looser_budget():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 15 finding A: memory=1 on rnn_mlp L=64 ends at 27904 B, 'min' at "
-                                       "26692 B")
 def test_absurd_budget_no_bigger_than_min():
     """Finding A at L=64: memory=1 (and 0) -> 27904 B, memory="min" -> 26692 B, memory=5% (31161) -> 26692 B."""
     args = _mlp_args(64)
@@ -172,9 +168,6 @@ def test_absurd_budget_no_bigger_than_min():
 
 # ================ finding B: a proposal that makes the budget fit, refused for saving under MEMORY_SLACK ================
 
-@pytest.mark.xfail(strict=True, reason="round 15 finding B: judge keeps no proposal that brings the gradient from over "
-                                       "a byte budget to within it when the saving is under MEMORY_SLACK (4096 B); "
-                                       "it is refused for a predicted 0.39x")
 def test_judge_keeps_a_proposal_that_makes_the_budget_fit():
     """Finding B, the judge alone, on lstm L=16's measured costs (fuse_scan_reductions with remat after it,
     `after_memory_planning`): before 31976 / 31976 B (grad / value_and_grad), after 28868 / 28944 B, under
@@ -186,8 +179,6 @@ def test_judge_keeps_a_proposal_that_makes_the_budget_fit():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="round 15 finding B: lstm L=16 at memory=31969 ends at 31976 B (warned) where "
-                                       "memory=63938 and 'auto' reach 28868 B")
 def test_budget_met_where_a_looser_budget_meets_it():
     """Finding B end to end. lstm, L=16: plain 127876 B; memory=31969 -> 31976 B, "remat_loops cannot fit ...
     31.2 KiB"; memory=63938 -> 28868 B (value_and_grad 28944 B), within 31969."""
@@ -251,7 +242,7 @@ def test_has_aux_unmet_warning_quotes_what_runs():
     args = _rnn_args(16)
     got, w = _grad_temp(_with_aux, 2080, *args, has_aux=True)
     quoted = [float(q) * 1024 for m in w for q in re.findall(r"measures ([\d.]+) KiB", m)]
-    assert quoted and any(abs(q - got) <= 0.05 * 1024 for q in quoted), (got, w)
+    assert quoted and any(abs(q - got) <= 0.05 * 1024 + 1 for q in quoted), (got, w)   # (+1 B: 11520 B prints 11.2 KiB)
 
 
 # ================= finding F: a jit trace's value_and_grad, measured inlined, its budget silently unmet =================
@@ -431,7 +422,7 @@ def test_unmet_budget_warns_with_value_and_grads_bytes():
     got, w = said(lambda: temp(jax.grad(o), *args))
     valued = temp(jax.value_and_grad(o), *args)
     assert got > 2080 and w
-    assert any(abs(q - valued) <= 0.05 * 1024 for q in _quoted(w)), (valued, w)
+    assert any(abs(q - valued) <= 0.05 * 1024 + 1 for q in _quoted(w)), (valued, w)
 
 
 @pytest.mark.slow
@@ -457,7 +448,7 @@ def test_unmet_budget_warns_in_every_use(use):
         assert got <= temp(mk(rnn_mse), *a)
         if got > mem:
             valued = temp(vmk(o), *a)
-            assert w and any(abs(q - valued) <= 0.05 * 1024 for q in _quoted(w)), (use, mem, got, valued, w)
+            assert w and any(abs(q - valued) <= 0.05 * 1024 + 1 for q in _quoted(w)), (use, mem, got, valued, w)
 
 
 @pytest.mark.slow
@@ -474,7 +465,7 @@ def test_other_order_never_above_default_and_quotes_what_runs(name):
         got, w = said(lambda: temp(o, *args))
         assert got <= default <= plain, (mem, got, default, plain)
         if got > mem:
-            assert any(abs(q - got) <= 0.05 * 1024 for q in _quoted(w)), (mem, got, w)
+            assert any(abs(q - got) <= 0.05 * 1024 + 1 for q in _quoted(w)), (mem, got, w)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             close(o(*args), gf(*args))
