@@ -120,17 +120,25 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
         return graph
     if plain <= memory:
         return graph
-    target, best, seen = memory, (graph, plain, [], False), set()
-    for _ in range(FIT_TRIES):
+    best, seen = [graph, plain, [], False], set()
+
+    def tried(setting):
+        """The loops scheduled for `setting` (a target of bytes, or a fallback), measured and kept if least;
+        their plans and XLA's bytes (None where already tried or nothing to measure)."""
         g = Graph.from_jaxpr(closed)
-        plans = schedule(g, target)
+        plans = schedule(g, setting)
         key = tuple((p.schedule, p.slots) for p in plans)
         if key in seen:
-            break
+            return plans, None
         seen.add(key)
         got, valued = budgeted_temp(g.to_jaxpr())
         if got is not None and got < best[1]:
-            best = (g, got, plans, valued)
+            best[:] = g, got, plans, valued
+        return plans, got
+
+    target = memory
+    for _ in range(FIT_TRIES):
+        plans, got = tried(target)
         if got is None or got <= memory:
             break
         target = sum(p.predicted_bytes() for p in plans) - (got - memory)   # what the loops must store less
@@ -139,15 +147,7 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
         # an RNN with MLP layers), where "min"'s sqrt or plain remat measures less (17232 B; round 15's A)
         if best[1] <= memory:
             break
-        g = Graph.from_jaxpr(closed)
-        plans = schedule(g, fallback)
-        key = tuple((p.schedule, p.slots) for p in plans)
-        if key in seen:
-            continue
-        seen.add(key)
-        got, valued = budgeted_temp(g.to_jaxpr())
-        if got is not None and got < best[1]:
-            best = (g, got, plans, valued)
+        tried(fallback)
     g, got, plans, valued = best
     if warn and got > memory:
         _loops_over(memory, got, _subject() + (_WITH_VALUE if valued else ""), plans, gradient=False)
