@@ -774,8 +774,8 @@ class _Planning:
         the pipeline indices it skips."""
         if chosen is self.closed or not self.costs.measuring or self.only_inlined(chosen):
             return chosen, skip
-        over = self.bigger(chosen)
-        if self.use_unknown and self.memory in (None, "auto") and not _measure.impure(chosen) and \
+        over, slow = self.bigger(chosen), self.slower(chosen)
+        if self.use_unknown and self.memory in (None, "auto") and not _measure.impure(chosen) and slow is None and \
                 (over is None and self.guessed or over is not None and self.bigger(chosen, derivatives=False) is None):
             # a jit trace: the forward as planned, every derivative as traced (`plan.derivatives`): never bigger
             # than jax.jit's in any argnums, however the plan changed them (for a program taken for a gradient,
@@ -788,17 +788,26 @@ class _Planning:
                     "derivatives are not judged)")))
                 self.forward = chosen
                 return wrapped, skip
-        over = over or self.slower(chosen)
+        over = over or slow
         if over is None:
             return chosen, skip
         kept = [k for k, p in enumerate(self.pipeline) if decided(p) and k not in skip]
-        for k in kept[::-1][:GUARD_RETRIES]:
+        tries = 0
+        for k in kept[::-1]:
             alt, said = self.propose(self.closed, [p for j, p in enumerate(self.pipeline) if j not in skip | {k}])
-            if not _same(alt, self.closed) and self.bigger(alt) is None and self.slower(alt) is None:
+            if _same(alt, chosen):
+                continue         # (a kept pass that changed nothing: no try spent on it, round 16's D)
+            tries += 1
+            # a plan refused for its time takes an alternative only where it is timed no slower (round 16's B: an
+            # alternative the spent allowance left untimed was kept as "not slower")
+            if not _same(alt, self.closed) and self.bigger(alt) is None and \
+                    self.slower(alt, untimed="not timed" if slow else None) is None:
                 decisions.append(Decision(getattr(self.pipeline[k], "pass_name", ""), False, self.plain, self.plain,
                                           f"undone by the final guard: {over} with it"))
                 self.said, self.partial = list(said), False
                 return alt, skip | {k}
+            if tries >= GUARD_RETRIES:
+                break
         self.said, skip = [], {k for k, p in enumerate(self.pipeline) if decided(p)}
         # no loop rewrite; then no merging either (CSE moves where values live); what is left is what the call
         # needs (inline, dce, while_grad's bound, the budget's own measured checkpoints)
@@ -839,25 +848,26 @@ class _Planning:
                 return f"XLA measured {view} temp {opt} B > {plain} B as traced"
         return None
 
-    def slower(self, chosen) -> str | None:
+    def slower(self, chosen, untimed: str | None = None) -> str | None:
         """Where `chosen` runs slower than the traced program (in words), or None: the view the use runs (its
         first gradient; the forward if it takes none), the two timed in one interleaved pair. Each kept rewrite
         was no slower than the one before within the machine's noise, but near-ties add up: the Flax RNN's
         gradient kept hoisting, fusion and remat at 1.04x, 1.04x and 0.97x and ran 1.32x plain jax.jit's
         (regret.py, issue 37). A program that halves that view's memory may be MEMORY_WIN_TIME slower, as
-        `judge` allows. Only where nothing is asked before time (`memory` None or "auto") and time is measured."""
+        `judge` allows. Only where nothing is asked before time (`memory` None or "auto") and time is measured;
+        `untimed` is the answer where the pair cannot be timed (a callback's program, the allowance spent)."""
         if self.memory not in (None, "auto") or not (self.costs.tune or _measure.timing()):
             return None
         use = self.costs.use
-        views = [v for v in self.costs.views(self.closed) if v != HYPOTHETICAL_GRAD and
-                 (use.differentiates(v) or not use.differentiated)]
-        if not views:
-            return None
-        view = views[0]
+        views = [v for v in self.costs.views(self.closed) if v != HYPOTHETICAL_GRAD]
+        # the gradient the use takes; else what runs (a jit trace's forward, `optimize(jax.grad(f))`'s program)
+        view = next((v for v in views if use.differentiates(v)), views[0] if views else None)
+        if view is None:
+            return untimed
         a, b = self.costs.views(self.closed).get(view), self.costs.views(chosen).get(view)
         t = _measure.seconds(a, b, self.costs.budget, self.costs.example_args)
         if t is None:
-            return None
+            return untimed
         m = _measure.temp_bytes(a, self.costs.budget), _measure.temp_bytes(b, self.costs.budget)
         halves = None not in m and m[1] * MEMORY_WIN <= m[0] and _less(m[0], m[1])
         if t[1] <= t[0] * (1 + (max(MEMORY_WIN_TIME, NOISE) if halves else NOISE)):
