@@ -133,6 +133,7 @@ def _grad_temp(f, memory, *args, **kw):
 
 
 GRAD = Use((("grad", (0, 1, 2)),))
+_JAX_010 = tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 11)   # where C and F show
 
 
 def _cost(grad, valued, seconds):
@@ -223,7 +224,7 @@ def _with_aux(w, xs, t):
     return loss, loss * 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="round 15 finding C: the has_aux view is value_and_grad(has_aux)'s program "
+@pytest.mark.xfail(_JAX_010, strict=True, reason="(JAX 0.10: 0.12 schedules it within) round 15 finding C: the has_aux view is value_and_grad(has_aux)'s program "
                                        "(8736 B); jax.grad(has_aux=True) runs 9376 B over memory=9000, no warning")
 def test_has_aux_budget_never_silently_unmet():
     """Finding C. f returns (rnn_mse, rnn_mse * 1.0), L=16; jax.grad(optimize(f, memory=9000), has_aux=True):
@@ -247,7 +248,7 @@ def test_has_aux_unmet_warning_quotes_what_runs():
 
 # ================= finding F: a jit trace's value_and_grad, measured inlined, its budget silently unmet =================
 
-@pytest.mark.xfail(strict=True, reason="round 15 finding F: jax.value_and_grad(jax.jit(optimize(f, memory=9000))) "
+@pytest.mark.xfail(_JAX_010, strict=True, reason="(JAX 0.10: 0.12 schedules it within) round 15 finding F: jax.value_and_grad(jax.jit(optimize(f, memory=9000))) "
                                        "runs 9320 B, no warning (the plan measures the gradient inlined: 8806 B)")
 def test_jit_trace_value_and_grad_budget_never_silently_unmet():
     """Finding F. rnn_mse, L=16, o = optimize(rnn_mse, memory=9000) called as jax.value_and_grad(jax.jit(o)):

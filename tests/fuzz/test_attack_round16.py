@@ -264,7 +264,8 @@ def test_slower_times_the_forward_of_a_gradient_program(monkeypatch):
 # ============= the real `measure.seconds` on a faked clock (`_interleaved`): the cache and the budget =============
 
 def _carries(closed) -> int:
-    return sum(e.params["num_carry"] for e in closed.jaxpr.eqns if e.primitive.name == "scan")
+    """The scans' carries, read through jaxform's IR (JAX 0.11+ names them in `ft_in`, not `num_carry`)."""
+    return sum(n.params["num_carry"] for n in Graph.from_jaxpr(closed).nodes if n.name == "scan")
 
 
 class Clock:

@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 import jaxform
+from jaxform.ir import Graph
 from jaxform.plan import measure, planner
 
 from plan.programs import programs, rnn_max_sum
@@ -222,7 +223,8 @@ def _two_loops(w, xs, zs):
 
 
 def _carries(closed) -> int:
-    return sum(e.params["num_carry"] for e in closed.jaxpr.eqns if e.primitive.name == "scan")
+    """The scans' carries, read through jaxform's IR (JAX 0.11+ names them in `ft_in`, not `num_carry`)."""
+    return sum(n.params["num_carry"] for n in Graph.from_jaxpr(closed).nodes if n.name == "scan")
 
 
 def test_near_ties_do_not_add_up_past_plain(monkeypatch):
