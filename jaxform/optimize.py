@@ -169,7 +169,8 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient
     vmapped = known and len(use.steps) > 1 and use.steps[1][0] == "vmap"
-    with _plan.cost.first_argument_is(first, asked, known), \
+    behind_jit = use is not None and not use.known
+    with _plan.cost.first_argument_is(first, asked, known, behind_jit), \
             _plan.cost.gradient_batched(*(use.steps[1][1:] if vmapped else (None, None))), \
             _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
         yield
@@ -345,10 +346,11 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
                                            "over)", True
         elif first is not None:
             first = [i + n for i in first]
+        behind_jit = _plan.cost.gradient_behind_jit() and not known
         groups = [range(0, n)] + [range(r.start + n, r.stop + n) for r in _plan.cost.arguments()]
         batch = _plan.cost.batched_gradient()     # the values closed over are not batched
         batch = (None, None) if batch is None else ((None,) * n + batch[0], batch[1])
-        with _plan.cost.first_argument_is(first, asked, known), _plan.cost.arguments_are(groups), \
+        with _plan.cost.first_argument_is(first, asked, known, behind_jit), _plan.cost.arguments_are(groups), \
                 _plan.cost.gradient_batched(*batch), _jax.classic_loops():
             chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=None, use=use2)

@@ -106,7 +106,8 @@ def remat_loops(graph: Graph, memory="auto", warn: bool = True) -> Graph:
     """Rewrite scans to remember less under grad (memory: "auto" | "min" | a byte budget).
 
     A byte budget (and "auto" where the gradient might not fit the device) is the planner's to meet
-    (`plan.memory.fit_loops`: XLA measures, schedules tighten until it fits); warn=False leaves an unmet
+    (`plan.memory.fit_loops`: XLA measures, schedules tighten until it fits; "min": the least of its uniform
+    schedules, measured); warn=False leaves an unmet
     budget's warning to the pass that owns the rest of it (`optimize`'s remat_program)."""
     if memory is None:
         return graph
@@ -114,8 +115,8 @@ def remat_loops(graph: Graph, memory="auto", warn: bool = True) -> Graph:
     if memory == "auto":
         budget, _ = decider("auto_budget")(graph)       # a device limit the gradient might not fit
         memory = "auto" if budget is None else budget
-    if not isinstance(memory, str) and any(n.name in ("scan", "while") for n, _ in graph.walk()):
-        return decider("fit_loops")(graph, memory, schedule, warn)   # never silent (issue 38)
+    if memory != "auto" and any(n.name in ("scan", "while") for n, _ in graph.walk()):
+        return decider("fit_loops")(graph, memory, schedule, warn)   # measured: never silent (issue 38)
     schedule(graph, memory)
     return graph
 

@@ -47,8 +47,8 @@ from ..passes.recompute import is_gradient
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
-from .memory import auto_budget, budgeted_temp, unmet_without
-from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, gradient_program
+from .memory import WITH_VALUE as _VALUED, auto_budget, budgeted_temp, unmet_without
+from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, aux_losses, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -89,6 +89,7 @@ GRAD_VIEW_MAX_EQNS = 4000  # above this the model's gradient view is not traced 
 SLOW_PLAN_SECONDS = 3.0    # planning longer than this says so on the `jaxform` logger (like JAX's compile log)
 
 log = logging.getLogger("jaxform")
+_RUNS = {"": "jax.grad", _VALUED: "jax.value_and_grad"}    # `budgeted_temp`'s program, as a view's name
 
 
 @dataclass(frozen=True)
@@ -707,15 +708,17 @@ class _Planning:
                 any("cannot fit" in str(w.message) for w in self.said):
             return
         got = self.costs.model(chosen)
-        if self.costs.use.known:
-            grads = [v for v in got.views if self.costs.use.differentiates(v.view)]
-        else:   # a jit trace: its hypothetical gradient is every float input's, the budget the first argument's
-            try:            # (the gradient `jax.grad` takes by default, as the memory passes fit it)
-                left, valued = budgeted_temp(chosen)
+        grads = [v for v in got.views if self.costs.use.differentiates(v.view)] if self.costs.use.known else []
+        if not self.costs.use.known or aux_losses(chosen):
+            # a jit trace: its hypothetical gradient is every float input's, the budget the first argument's (the
+            # gradient `jax.grad` takes by default, as the memory passes fit it), behind the jit; several outputs:
+            # jax.grad(f, has_aux=True)'s program too, which the planner's views judge only with the value
+            try:
+                left, which = budgeted_temp(chosen)
             except Exception:   # noqa: BLE001 - nothing XLA can differentiate: nothing to say
-                return
-            grads = [] if left is None else [ViewCost("jax.value_and_grad" if valued else "jax.grad", left, None,
-                                                      "XLA")]
+                left = None
+            if left is not None:
+                grads.append(ViewCost(_RUNS.get(which) or f"the program{which}", left, None, "XLA"))
         worst = max(grads, key=lambda v: v.temp_bytes, default=None)
         if worst is not None and worst.temp_bytes > self.memory:
             tried = [d for d in decisions if base_name_of(d) in MEMORY_PASSES and not d.kept]
