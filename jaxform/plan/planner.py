@@ -358,7 +358,11 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
             return False, Why(f"the model cannot tell the gradient's time from {than} ({_how(a)} "
                               f"{ref.seconds / max(a.seconds, 1e-12):.2f}x){_unchecked(a)}; memory='auto' trades no "
                               "time", UNTOLD, a.view)
-        if _slower(ref, a):
+        # a schedule that halves the gradient's memory may be measured MEMORY_WIN_TIME slower, as `judge` allows
+        # any rewrite that halves a view's (the 1.10x time regret the planner is held to): the demo's 600 ms
+        # gradient timed 500-690 ms from round to round, and its remat (5x less memory) was refused at 0.93x
+        halves = a.temp_bytes * MEMORY_WIN <= ref.temp_bytes and a.time_from == ref.time_from == "measured"
+        if _slower(ref, a, max(MEMORY_WIN_TIME, NOISE) if halves else None):
             return False, Why(f"{_how(a)} slower gradient than {than} ({_ms(ref)} -> {_ms(a)}, "
                               f"{ref.seconds / a.seconds:.2f}x); memory='auto' trades no time (ask 'min' or a byte "
                               "budget)", SLOWER, a.view)
@@ -370,6 +374,9 @@ def _judge_memory(plain: Cost, before: Cost, after: Cost, memory, use: Use) -> t
                               "time", GIVES_BACK_TIME, a.view)
         speed = "" if a.seconds is None or ref.seconds is None else \
             f", {_how(a)} {_ms(ref)} -> {_ms(a)}, {ref.seconds / a.seconds:.2f}x {than}"
+        if halves and _slower(ref, a):
+            return True, Why(f"{ref.temp_bytes / max(a.temp_bytes, 1):.1f}x less gradient memory within the "
+                             f"{MEMORY_WIN_TIME:.0%} of time allowed a rewrite that halves it{speed}")
         return True, Why(f"less gradient memory at no time{speed}")
     if _less(b.temp_bytes, a.temp_bytes):
         return True, Why("less gradient memory, as asked")

@@ -172,9 +172,20 @@ def test_judge_objective():
     keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 2.9, True), memory_pass=True,
                               memory="auto", use=grad)
     assert keep and "plain jax.jit" in why, why
-    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 3.3, True), memory_pass=True,
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 3.4, True), memory_pass=True,
                               memory="auto", use=grad)
     assert not keep and "slower gradient than plain jax.jit" in why, why
+    # ... within the noise, 5%; or, where it halves the gradient's memory, the 10% any rewrite halving a view's may
+    # cost (the demo's 5x remat, refused at a measured 0.93x where its 600 ms gradient timed 500-690 ms)
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 3.2, True), memory_pass=True,
+                              memory="auto", use=grad)
+    assert keep and "within the 10%" in why, why
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 150e6, 3.2, True), memory_pass=True,
+                              memory="auto", use=grad)
+    assert not keep and why.kind == planner.SLOWER, why
+    keep, why = planner.judge(timed_plain, faster, _cost(1e6, 0.9, 50e6, 3.2), memory_pass=True,
+                              memory="auto", use=grad)     # (predicted, not measured: no allowance)
+    assert not keep, why
     # a time the model could not tell and the planning budget left unmeasured ("unchecked") is a guess: no
     # memory given back for it (the GPU demo's fission: a predicted 1.40x), no memory schedule under "auto"
     guess = lambda c: Cost(tuple(replace(v, time_from="unchecked") for v in c.views))  # noqa: E731
