@@ -152,8 +152,7 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
         tried(fallback)
     g, got, plans, which = best
     if warn and not least and got > memory:
-        if aux_losses(closed):    # (measured in full for the warning: what each way of running it takes)
-            got, which = budgeted_temp(g.to_jaxpr())
+        got, which = budgeted_temp(g.to_jaxpr())   # (in full for the warning: value_and_grad's too)
         _loops_over(memory, got, _subject() + which, plans, gradient=False)
     return g
 
@@ -163,26 +162,38 @@ WITH_VALUE = " with its value (jax.value_and_grad's program, which XLA schedules
 
 def budgeted_temp(closed, over: float | None = None) -> tuple[int | None, str]:
     """What a byte budget must hold, in XLA's bytes, and which program takes it (words for a warning, "" for
-    `jax.grad`'s): the most any way of running the gradient takes. `jax.grad`'s program (`user_grad_temp`),
+    `jax.grad`'s): the most any way of running the gradient takes, `jax.grad`'s program (`user_grad_run`) or
     `jax.value_and_grad`'s (a train step's: the README's RNN + MSE under a budget between the two, 422020 and
-    424192 B, fit grad's and missed value_and_grad's, silently), and, for a program with several outputs,
-    `jax.grad(f, has_aux=True)`'s and `jax.value_and_grad(f, has_aux=True)`'s of each scalar loss it may have
-    (`use.aux_losses`: has_aux's 9376 B went over a 9000 B budget unsaid where the others took 8736 B, round 15's C).
-    over: a budget that `jax.grad`'s and `jax.value_and_grad`'s programs already miss is not measured further
-    (the has_aux programs, two compiles per scalar output, could only say it is missed by more)."""
-    got = user_grad_temp(closed)
-    if got is None:
-        return None, ""
-    runs = [(got, ""), (value_and_grad_temp(closed), WITH_VALUE)]
-    if over is not None and max(runs)[0] > over:
-        return max(runs, key=lambda r: r[0])
-    floats = _first_argument_floats(closed) or None
-    for k in aux_losses(closed):
-        for valued in (False, True):
-            gp = _gradient(closed, floats, with_value=valued, outs=(k,))
-            if gp is not None:
-                runs.append((_xla_temp(gp), _has_aux(k, valued)))
-    return max(runs, key=lambda r: r[0])
+    424192 B, fit grad's and missed value_and_grad's, silently); for a function with several outputs, with
+    has_aux (`gradient_runs`). over: a budget `jax.grad`'s program already misses is not measured further."""
+    got, which = user_grad_run(closed)
+    if got is None or over is not None and got > over:
+        return got, which
+    valued, vwhich = _most(closed, _first_argument_floats(closed) or None, True)
+    return (valued, vwhich) if valued is not None and valued > got else (got, which)
+
+
+def gradient_runs(closed, wrt=None, with_value: bool = False) -> list:
+    """The gradient programs of `closed` a budget is for, with words naming each: `jax.grad`'s (with_value:
+    `jax.value_and_grad`'s); for a function with several outputs among which scalar floats
+    (`use.aux_losses`), the has_aux program of each of those, the only gradient `jax.grad` takes of such a
+    function: not the VJP of every output (a tighter budget fitted that one and made has_aux's grow, 14600 B
+    where a looser budget's plan ran 11968 B; a met has_aux budget was warned unmet, round 17's H and I). The
+    gradient comes first in has_aux's program, as JAX returns it: XLA schedules by output order (9376 B; 8800 B
+    with the aux first, which left a 9000 B budget missed unsaid, round 15's C)."""
+    ks = aux_losses(closed)
+    if not ks:
+        return [(_gradient(closed, wrt, with_value), WITH_VALUE if with_value else "")]
+    return [(_gradient(closed, wrt, with_value, outs=(k,)), _has_aux(k, with_value)) for k in ks]
+
+
+def _most(closed, wrt, with_value: bool) -> tuple[int | None, str]:
+    """The most XLA temp any of `gradient_runs` takes, and its words; (None, "") where there is none."""
+    out: tuple = (None, "")
+    for gp, words in gradient_runs(closed, wrt, with_value):
+        if gp is not None and (t := _xla_temp(gp)) is not None and (out[0] is None or t > out[0]):
+            out = (t, words)
+    return out
 
 
 def _has_aux(k: int, valued: bool) -> str:
@@ -299,6 +310,11 @@ def choose(closed, memory, asked: str | None = None):
             break   # XLA reuses nothing from recomputation here (docs/remat.md): stop compiling. Not under "min",
             # which asks for the least, so compiles every candidate: no cut predicts what another saves (a
             # 32-layer stack: all-4, nothing-4 and checkpoint_dots save < 12.5%, 8 segments 20%; round 12's E)
+    # a warning quotes the gradient asked for; where that fits and the one w.r.t. every float input (a jit trace's
+    # other argnums) does not, that one: "cannot fit ... it takes 18.5 KiB" of a 19.5 KiB budget (round 17's J)
+    every = budget and plain_user <= memory < plain
+    if every:
+        plain_user, subject = plain, "this program's gradient (w.r.t. every float input)"
     if not scored:
         if budget or memory == "min":
             vg = value_and_grad_temp(closed) if budget else 0     # (compiled above: the answer is cached)
@@ -310,6 +326,8 @@ def choose(closed, memory, asked: str | None = None):
                                            _other_order(closed, memory, plain_user),
                         subject=subject)
         return None
+    if every:     # (ranked by the gradient quoted)
+        scored = [(*s[:4], s[2]) for s in scored]
     least = min(scored, key=lambda s: (s[4], s[2]))
     ties = [s for s in scored if (s[4], s[2]) == (least[4], least[2])]
     if len(ties) > 1:   # the model's time, traced only here: a GPT's gradient traced for it took 0.5 s a candidate
@@ -383,8 +401,12 @@ def _subject() -> str:
 
 def user_grad_temp(closed) -> int | None:
     """XLA temp of the gradient the user will run: `jax.grad`'s default where known, else every float input's."""
-    got = first_argument_grad_temp(closed)
-    return xla_grad_temp(closed) if got is None else got
+    return user_grad_run(closed)[0]
+
+
+def user_grad_run(closed) -> tuple[int | None, str]:
+    """`user_grad_temp`, and the words naming the program (`gradient_runs`)."""
+    return _most(closed, _first_argument_floats(closed) or None, False)
 
 
 def _first_argument_floats(closed) -> list:
@@ -399,16 +421,13 @@ def first_argument_grad_temp(closed) -> int | None:
     floats = _first_argument_floats(closed)
     if not floats or len(floats) == sum(jax.numpy.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
         return None
-    gp = _gradient(closed, floats)
-    return None if gp is None else _xla_temp(gp)
+    return _most(closed, floats, False)[0]
 
 
 def value_and_grad_temp(closed) -> int:
     """XLA temp of `jax.value_and_grad`'s program (the gradient `user_grad_temp` measures, its value returned
     too); 0 where there is no gradient to take."""
-    floats = _first_argument_floats(closed)
-    gp = _gradient(closed, floats or None, with_value=True)
-    return 0 if gp is None else _xla_temp(gp)
+    return _most(closed, _first_argument_floats(closed) or None, True)[0] or 0
 
 
 def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient", helped: bool = False) -> None:
@@ -468,9 +487,8 @@ def _xla_temp(closed) -> int:
 
 
 def xla_grad_temp(closed) -> int | None:
-    """XLA's temp bytes for the gradient program of `closed` (compiled here), or None."""
-    gp = _gradient(closed)
-    return None if gp is None else _xla_temp(gp)
+    """XLA's temp bytes for the gradient program of `closed` w.r.t. every float input (compiled here), or None."""
+    return _most(closed, None, False)[0]
 
 
 def user_stacklevel() -> int:

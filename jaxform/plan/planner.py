@@ -715,8 +715,11 @@ class _Planning:
                 any("cannot fit" in str(w.message) for w in self.said):
             return
         got = self.costs.model(chosen)
-        grads = [v for v in got.views if self.costs.use.differentiates(v.view)] if self.costs.use.known else []
-        if not self.costs.use.known or aux_losses(chosen):
+        aux = aux_losses(chosen)    # several outputs: jax.grad takes has_aux's, not the VJP of every output (the
+        # views' first two), which a met budget was warned of (round 17's I)
+        grads = [v for v in got.views if self.costs.use.differentiates(v.view)] \
+            if self.costs.use.known and not aux else []
+        if not self.costs.use.known or aux:
             # a jit trace: its hypothetical gradient is every float input's, the budget the first argument's (the
             # gradient `jax.grad` takes by default, as the memory passes fit it), behind the jit; several outputs:
             # jax.grad(f, has_aux=True)'s program too, which the planner's views judge only with the value
