@@ -202,10 +202,35 @@ def _has_aux(k: int, valued: bool) -> str:
             f"(f, has_aux=True)'s program, which XLA schedules bigger here)")
 
 
-def _gradient(closed, wrt=None, with_value: bool = False, outs=None):
+def other_runs(closed) -> list:
+    """For a function with several outputs among which scalar floats, the ways to differentiate it that a budget
+    is not fitted to (`gradient_runs` fits has_aux's) but that the chosen plan is checked against, so that one
+    missing it is said (round 18's M and N: the loss alone, the aux dropped, ran 18768 B of a 16641 B budget
+    unsaid; the VJP of every output 524288 B of 413204 B): the VJP of every output (`jax.vjp` with a cotangent
+    on each, `jax.grad` of their sum), with its value too, and each scalar output alone, the others dropped."""
+    ks = aux_losses(closed)
+    if not ks:
+        return []
+    wrt = _first_argument_floats(closed) or None
+    every = " as the VJP of every output (jax.vjp with a cotangent on each, or jax.grad of their sum)"
+    return [(_gradient(closed, wrt), every), (_gradient(closed, wrt, True), every + " with the values")] + \
+        [(_gradient(closed, wrt, outs=(k,), aux=False), f" of output #{k} alone, the others dropped "
+          f"(jax.grad(lambda *a: f(*a)[{k}]))") for k in ks]
+
+
+def missed_otherwise(closed, memory) -> tuple[int | None, str]:
+    """The most bytes any of `other_runs` takes over `memory`, and its words; (None, "") where none misses."""
+    out: tuple = (None, "")
+    for gp, words in other_runs(closed):
+        if gp is not None and (t := _xla_temp(gp)) is not None and t > memory and (out[0] is None or t > out[0]):
+            out = (t, words)
+    return out
+
+
+def _gradient(closed, wrt=None, with_value: bool = False, outs=None, aux: bool = True):
     """The gradient program a budget measures: as `use.gradient_program`, behind a jit boundary where the
     call was traced under `jax.jit` with its use unknown (`cost.gradient_behind_jit`: what JAX then runs)."""
-    return cost.gradient_program(closed, wrt=wrt, with_value=with_value, outs=outs,
+    return cost.gradient_program(closed, wrt=wrt, with_value=with_value, outs=outs, aux=aux,
                                  through_jit=cost.gradient_behind_jit())
 
 

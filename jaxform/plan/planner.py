@@ -47,7 +47,7 @@ from ..passes.recompute import is_gradient
 from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
-from .memory import WITH_VALUE as _VALUED, auto_budget, budgeted_temp, unmet_without
+from .memory import WITH_VALUE as _VALUED, auto_budget, budgeted_temp, missed_otherwise, unmet_without
 from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, aux_losses, gradient_program
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
@@ -711,9 +711,9 @@ class _Planning:
         """A byte budget the chosen program misses in the gradient that runs, where no kept pass said so
         (a rejected memory pass's warning went with its proposal; a gradient whose loop stores nothing has
         no schedule to propose), is said here: never silently unmet."""
-        if not _byte_budget(self.memory) or \
+        if not _byte_budget(self.memory) or not self.costs.use.differentiated or \
                 any("cannot fit" in str(w.message) for w in self.said):
-            return
+            return      # (a call that takes no gradient checks no budget: round 18 saw a forward call warned)
         got = self.costs.model(chosen)
         aux = aux_losses(chosen)    # several outputs: jax.grad takes has_aux's, not the VJP of every output (the
         # views' first two), which a met budget was warned of (round 17's I)
@@ -730,6 +730,16 @@ class _Planning:
             if left is not None:
                 grads.append(ViewCost(_RUNS.get(which) or f"the program{which}", left, None, "XLA"))
         worst = max(grads, key=lambda v: v.temp_bytes, default=None)
+        if aux and (worst is None or worst.temp_bytes <= self.memory):
+            try:        # has_aux's fits: another way of differentiating it may not (round 18's M and N)
+                left, which = missed_otherwise(chosen, self.memory)
+            except Exception:   # noqa: BLE001 - nothing XLA can differentiate: nothing to say
+                left = None
+            if left is not None:
+                unmet_without(self.memory, left, f"the program{which}", True,
+                              "the plan fits jax.grad(f, has_aux=True)'s program (and jax.value_and_grad's), "
+                              "not this one")
+                return
         if worst is not None and worst.temp_bytes > self.memory:
             tried = [d for d in decisions if base_name_of(d) in MEMORY_PASSES and not d.kept]
             unmet_without(self.memory, worst.temp_bytes, worst.view, worst.memory_from == "XLA",
@@ -759,6 +769,8 @@ class _Planning:
         out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
         chosen, skip = self.guard(out, decisions, skip)
         self.say()
+        if aux_losses(chosen):    # (several outputs: the ways of differentiating it a budget is not fitted to)
+            self.unmet_budget(chosen, decisions)
         return Plan(chosen, decisions, frozenset(skip), forward=self.forward)
 
     def say(self) -> None:

@@ -160,7 +160,8 @@ def aux_index(view: str) -> int | None:
     return int(view[len(AUX_GRAD) + 2:]) if view.startswith(AUX_GRAD + " #") else None
 
 
-def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None):
+def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None,
+                     aux: bool = True):
     """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
     every float input, or the inputs `wrt`), or None where there is nothing to differentiate or JAX cannot.
     through_jit: as `jax.grad(jax.jit(f))` runs it, the program behind a jit boundary (JAX's partial
@@ -169,7 +170,7 @@ def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bo
     bigger: an MLP's 3.00 MiB gradient took 3.50 MiB with its value, JAX 0.10.2); every output is then
     returned, and `outs` (output indices) limits the cotangents to those (`jax.grad(f, has_aux=True)`, which
     returns the other outputs after the gradient, as its aux: in that order, which XLA schedules by, 9376 B
-    where the aux first took 8800 B)."""
+    where the aux first took 8800 B); aux=False drops them (`jax.grad(lambda *a: f(*a)[k])`)."""
     floats = [i for i, a in enumerate(closed.in_avals) if jnp.issubdtype(a.dtype, jnp.inexact)
               and (wrt is None or i in wrt)]
     diff = [i for i, a in enumerate(closed.out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)   # (complex too:
@@ -187,7 +188,7 @@ def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bo
             return [res[i] for i in diff], [r for i, r in enumerate(res) if i not in diff]
         ys, pull, rest = jax.vjp(f, *[args[i] for i in floats], has_aux=True)
         grads = pull([jnp.ones_like(y) for y in ys])
-        return (ys, rest, grads) if with_value else (grads, rest) if outs is not None else grads
+        return (ys, rest, grads) if with_value else (grads, rest) if outs is not None and aux else grads
 
     try:
         return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])

@@ -209,10 +209,11 @@ def test_auto_does_not_give_back_a_measured_time_win(monkeypatch):
 
 
 def test_auto_schedule_slower_than_plain_is_refused_and_the_gradient_is_plain_jax(monkeypatch):
-    """Held: a schedule measured slower than plain jax.jit's gradient (plain 1.0, fused 0.9, schedule 1.08) is
-    refused, named so; the program left is the fused one, plain JAX's gradient, no bigger than plain."""
+    """Held: a schedule measured slower than plain jax.jit's gradient (plain 1.0, fused 0.9, schedule 1.12: past
+    the 10% a halving of memory may cost, session 16) is refused, named so; the program left is the fused one,
+    plain JAX's gradient, no bigger than plain."""
     monkeypatch.setenv("JAXFORM_MEASURE", "1")
-    monkeypatch.setattr(measure, "seconds", lambda b, a, budget, e=None: (1.0, 1.08) if _remat_in(a) else (1.0, 0.9))
+    monkeypatch.setattr(measure, "seconds", lambda b, a, budget, e=None: (1.0, 1.12) if _remat_in(a) else (1.0, 0.9))
     args = _rnn_args(100, 16, 16)
     o = jaxform.optimize(rnn_mse)
     g = quiet(lambda: jax.grad(o)(*args))

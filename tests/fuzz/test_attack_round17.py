@@ -151,15 +151,19 @@ def test_has_aux_tighter_budget_no_bigger_than_a_looser_ones_plan():
 
 # ================== finding I: a met has_aux budget warned unmet, quoting a program that never runs ==================
 
-def test_met_has_aux_budget_not_warned():
+def test_met_has_aux_budget_not_warned_as_has_aux_missing():
     """Finding I. rnn_ys_aux L=16, memory=17760: jax.grad(has_aux) 14416 B and value_and_grad(has_aux) 14416 B,
-    both met; warned "cannot fit ... in 17.3 KiB ... stays at 18.3 KiB"."""
+    both met; warned "cannot fit ... in 17.3 KiB ... stays at 18.3 KiB" of the VJP of every output. Since round 18
+    (M, N: the other ways of differentiating it, missed unsaid) a plan fitted to has_aux's program is checked
+    against those: a warning may come, but it names the other program and quotes its bytes, above the budget."""
     args = _rnn_args(16)
     o = jaxform.optimize(rnn_ys_aux, memory=17760)
     got, w = said(lambda: temp(GA(o), *args))
     valued = temp(VGA(o), *args)
     assert max(got, valued) <= 17760               # (the premise: what runs fits)
-    assert not w, (got, valued, w)
+    for m in w:
+        assert "has_aux=True)'s program, which" not in m and all(q > 17760 for q in _quoted([m])), (got, m)
+        assert "every output" in m or "alone" in m, m
 
 
 # ====================== finding J: a jit trace's met budget warned unmet, contradicting itself ======================
