@@ -714,10 +714,9 @@ class _Planning:
         if not _byte_budget(self.memory) or not self.costs.use.differentiated or \
                 any("cannot fit" in str(w.message) for w in self.said):
             return      # (a call that takes no gradient checks no budget: round 18 saw a forward call warned)
-        got = self.costs.model(chosen)
         aux = aux_losses(chosen)    # several outputs: jax.grad takes has_aux's, not the VJP of every output (the
         # views' first two), which a met budget was warned of (round 17's I)
-        grads = [v for v in got.views if self.costs.use.differentiates(v.view)] \
+        grads = [v for v in self.costs.model(chosen).views if self.costs.use.differentiates(v.view)] \
             if self.costs.use.known and not aux else []
         if not self.costs.use.known or aux:
             # a jit trace: its hypothetical gradient is every float input's, the budget the first argument's (the
