@@ -189,8 +189,13 @@ def gradient_runs(closed, wrt=None, with_value: bool = False) -> list:
 
 def _most(closed, wrt, with_value: bool) -> tuple[int | None, str]:
     """The most XLA temp any of `gradient_runs` takes, and its words; (None, "") where there is none."""
+    return _largest(gradient_runs(closed, wrt, with_value))
+
+
+def _largest(runs: list) -> tuple[int | None, str]:
+    """The most XLA temp any of `runs` ((program or None, words) pairs) takes, and its words; (None, "")."""
     out: tuple = (None, "")
-    for gp, words in gradient_runs(closed, wrt, with_value):
+    for gp, words in runs:
         if gp is not None and (t := _xla_temp(gp)) is not None and (out[0] is None or t > out[0]):
             out = (t, words)
     return out
@@ -220,11 +225,8 @@ def other_runs(closed) -> list:
 
 def missed_otherwise(closed, memory) -> tuple[int | None, str]:
     """The most bytes any of `other_runs` takes over `memory`, and its words; (None, "") where none misses."""
-    out: tuple = (None, "")
-    for gp, words in other_runs(closed):
-        if gp is not None and (t := _xla_temp(gp)) is not None and t > memory and (out[0] is None or t > out[0]):
-            out = (t, words)
-    return out
+    most = _largest(other_runs(closed))
+    return most if most[0] is not None and most[0] > memory else (None, "")
 
 
 def _gradient(closed, wrt=None, with_value: bool = False, outs=None, aux: bool = True):
