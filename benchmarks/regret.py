@@ -46,8 +46,10 @@ DECIDING = ["stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_
             "thin_residuals"]
 MEMORIES = (None, "auto")
 NOISE = 0.05
-CONFIRM = 2      # rounds of re-timing for the programs a failing verdict rests on
+CONFIRM = 3      # rounds of re-timing for the programs a failing verdict rests on
 SAMPLE_SECONDS = 0.01   # one timing sample runs a fast program back to back this long (`min_time`)
+CONFIRM_SAMPLE_SECONDS = 0.05   # ... and in a confirming round: a 1.6 ms gradient timed 0.76x-1.2x of itself from
+# round to round at 0.01 s (six calls a sample) on an idle 2-core machine
 KiB = 1024
 
 
@@ -116,8 +118,8 @@ def fingerprint(jitted, args) -> str:
     return text.split("\n", 1)[1] if text.startswith("module") else text
 
 
-def timed(fns: list, args, reps: int) -> list:
-    return min_time(fns, args, reps=reps, sample_seconds=SAMPLE_SECONDS)
+def timed(fns: list, args, reps: int, sample_seconds: float = SAMPLE_SECONDS) -> list:
+    return min_time(fns, args, reps=reps, sample_seconds=sample_seconds)
 
 
 def measure(named: dict, args, reps: int, notes: list) -> tuple[dict, dict]:
@@ -169,7 +171,8 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
         if not doubt:
             break
         once = {prints[n]: n for n in sorted(doubt)}      # (one program is timed once)
-        again = dict(zip(once.values(), timed([named[n] for n in once.values()], args, reps)))
+        again = dict(zip(once.values(), timed([named[n] for n in once.values()], args, reps,
+                                                  CONFIRM_SAMPLE_SECONDS)))
         for n in res:
             if prints[n] in once:
                 res[n] = (min(res[n][0], again[once[prints[n]]]), res[n][1])

@@ -124,6 +124,27 @@ def test_auto_times_a_schedule_against_plain_jit(monkeypatch):
     assert refs[-1] is traced[-1]       # remat is judged last: its pair is the traced program's
 
 
+def test_a_fused_loss_judged_with_remat_reads_the_gradient_grad_runs(monkeypatch):
+    """A fused loss that grows the gradient alone is judged again with loop memory planning to come
+    (`after_memory_planning`), and then timed as a memory pass is: in the gradient `jax.grad` runs, not in
+    `jax.value_and_grad`'s, whose one noisy reading refused rnn_mse's fused loss + remat (412 KiB where remat
+    alone kept 810 KiB, regret.py). The faked machine says the value-returned program is slower."""
+    def seconds(before, after, budget, example_args=None):
+        budget.timed += 1      # (the value-returned program has the value as one more output)
+        return (1.0, 1.3) if len(after.out_avals) == 2 else (1.0, 0.95)
+    monkeypatch.setattr(measure, "seconds", seconds)
+    fn, args = PROGRAMS["rnn_mse"]
+    o = jaxform.optimize(fn)
+    got = temp(jax.grad(o), *args)
+    (fuse,) = [d for d in o.decisions() if planner.base_name_of(d) == "fuse_scan_reductions"]
+    assert fuse.kept and "once loop memory planning has run" in fuse.why, fuse
+    fused_remat = jaxform.optimize(fn, passes=["inline", "cse", "fuse_scan_reductions", "dce"], memory="auto",
+                                   plan=False)
+    remat_only = jaxform.optimize(fn, passes=["inline", "cse", "dce"], memory="auto", plan=False)
+    assert got <= temp(jax.grad(fused_remat), *args) < temp(jax.grad(remat_only), *args)
+    np.testing.assert_allclose(jax.grad(o)(*args), jax.grad(fn)(*args), rtol=1e-5, atol=1e-6)
+
+
 def test_a_schedule_the_budget_left_untimed_is_not_taken_under_auto(monkeypatch):
     """Where the model cannot tell (its ratio inside CONFIDENT) and the planning budget is spent, the time is
     a guess: "auto" keeps no schedule on it (memory only at a gradient measured or confidently no slower)."""
