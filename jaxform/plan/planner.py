@@ -577,6 +577,7 @@ class _Planning:
         self._plain = None
         self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
         self.forward = None      # the final guard gave the chosen forward the traced program's derivatives
+        self.rewritten = False   # a deciding pass's proposal kept: the program before is no longer the traced one
 
     def propose(self, c, ps):
         """`ps` run over `c`, and the warnings they gave (said only if this program is kept)."""
@@ -606,7 +607,10 @@ class _Planning:
             # traced program, not the one before: the demo's remat timed 0.77x-1.35x against the fused
             # gradient, a near-tie, and each run refused or kept a 5x memory win that plain's was 1.13x slower
             # than (idle min-of-7: plain 657 ms, fused 591, fused + remat 580)
-            before = self.costs.with_times_measured(ref)    # (fusion's decision timed it: no win given back)
+            # (fusion's decision timed it: no win given back). With no rewrite kept, the program before is the
+            # traced one, timed in another pair: char_rnn's gradient measured 28.8 ms there and 32.7 ms beside
+            # remat, whose 32.5 ms was refused as "giving back the time an earlier pass won" (regret.py, 1.33x)
+            before = self.costs.with_times_measured(ref) if self.rewritten else self.costs.model(ref)
             plain, after, measured = self.costs.pair(self.closed, prop,
                                                      lambda _, a: self.memory_settles(before, a, name),
                                                      first_gradient_only=True)
@@ -694,7 +698,7 @@ class _Planning:
             decisions.append(Decision(getattr(p, "pass_name", name), keep, before, after, why, measured,
                                       keep and big_win(before, after)))
             if keep:
-                good = cand
+                good, self.rewritten = cand, True
                 self.said += said if cand is not alt else []
                 if any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
                     won.append(i)
@@ -935,7 +939,7 @@ class _Planning:
             decisions.append(Decision(f"{label} [{where}]", keep, before, after, why, measured,
                                       keep and big_win(before, after)))
             if keep:
-                good, kept = cand, True
+                good, kept, self.rewritten = cand, True, True
                 if k == n:
                     break
                 # a kept rewrite may add or remove loops (thin_residuals splits one): the others are found again
