@@ -101,6 +101,12 @@ def user_frame(source_info):
     return frame.file_name, frame.start_line, frame.function_name
 
 
+def transposed(source_info) -> bool:
+    """Was this equation made by transposing (reverse-mode AD)? JAX names the step in its name stack
+    ("transpose(jvp(loss))") on every version we support; `add_any` alone misses a chain's gradient."""
+    return "transpose(" in str(getattr(source_info, "name_stack", "") or "")
+
+
 def new_source_info():
     """Source info for the code that is calling now (used for nodes built by hand)."""
     return _public_siu.current()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import types
 
+from .. import _jax
 from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.separability import CALL_LIKE
@@ -52,8 +53,11 @@ def is_gradient(closed) -> bool:
     twice with `add_any`, which user code does not write. (A forward program with skip connections also
     has values read after its liveness peak; it is `remat_program`'s to checkpoint, not this pass's.) Nested
     bodies count: a gradient of two independent loop carries sums cotangents only inside its loops (round 13:
-    read as a forward program, its gradient was differentiated again and a "cannot fit" quoted that)."""
-    return any(n.name == "add_any" for n, _ in Graph.from_jaxpr(closed).walk())
+    read as a forward program, its gradient was differentiated again and a "cannot fit" quoted that). An
+    equation JAX made by transposing says so in its name stack (`_jax.transposed`): a chain MLP's
+    `jax.value_and_grad` has no `add_any` on JAX 0.12, and budgeting it as a forward quoted its second-order
+    gradient ("cannot fit ... 4.00 MiB" where the program met its 3.00 MiB budget at 2.50 MiB)."""
+    return any(n.name == "add_any" or _jax.transposed(n.source_info) for n, _ in Graph.from_jaxpr(closed).walk())
 
 
 def recomputed(closed, k: int):

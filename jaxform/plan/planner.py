@@ -718,8 +718,11 @@ class _Planning:
         if not _byte_budget(self.memory) or not self.costs.use.differentiated or \
                 any("cannot fit" in str(w.message) for w in self.said):
             return      # (a call that takes no gradient checks no budget: round 18 saw a forward call warned)
-        aux = aux_losses(chosen)    # several outputs: jax.grad takes has_aux's, not the VJP of every output (the
-        # views' first two), which a met budget was warned of (round 17's I)
+        # several outputs: jax.grad takes has_aux's, not the VJP of every output (the views' first two), which a
+        # met budget was warned of (round 17's I). Not of a program taken for a gradient (`optimize(jax.value_and_
+        # grad(f))`: its loss among its gradients is no has_aux loss; it runs as it is, and its second-order
+        # gradient was quoted, "cannot fit ... 79.62 MiB" where it met 38.39 MiB at 32.68, memory_budget.py --orders)
+        aux = [] if self.guessed or self.costs.use.steps[:1] == FORWARD_OF_GRADIENT.steps else aux_losses(chosen)
         grads = [v for v in self.costs.model(chosen).views if self.costs.use.differentiates(v.view)] \
             if self.costs.use.known and not aux else []
         if not self.costs.use.known or aux:
@@ -772,7 +775,8 @@ class _Planning:
         out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
         chosen, skip = self.guard(out, decisions, skip)
         self.say()
-        if aux_losses(chosen):    # (several outputs: the ways of differentiating it a budget is not fitted to)
+        if aux_losses(chosen) and not self.guessed:    # (several outputs: the ways of differentiating it a budget is
+            # not fitted to; a program taken for a gradient runs as it is)
             self.unmet_budget(chosen, decisions)
         return Plan(chosen, decisions, frozenset(skip), forward=self.forward)
 
