@@ -722,7 +722,7 @@ class _Planning:
         # met budget was warned of (round 17's I). Not of a program taken for a gradient (`optimize(jax.value_and_
         # grad(f))`: its loss among its gradients is no has_aux loss; it runs as it is, and its second-order
         # gradient was quoted, "cannot fit ... 79.62 MiB" where it met 38.39 MiB at 32.68, memory_budget.py --orders)
-        aux = [] if self.guessed or self.costs.use.steps[:1] == FORWARD_OF_GRADIENT.steps else aux_losses(chosen)
+        aux = [] if self.guessed else aux_losses(chosen)     # (guessed: the use is FORWARD_OF_GRADIENT)
         grads = [v for v in self.costs.model(chosen).views if self.costs.use.differentiates(v.view)] \
             if self.costs.use.known and not aux else []
         if not self.costs.use.known or aux:
