@@ -48,16 +48,48 @@ def eligible(graph: Graph) -> bool:
     return not any(n.name in ("scan", "while") or is_impure(n) for n, _ in graph.walk())
 
 
+# what may stand between a backward's result and the program's output: casts and reshapes (`jax.grad(f)`
+# cast, raveled), and the arithmetic of an optimizer's update (`p - lr * g`, Adam's moments, clipping, weight
+# decay): a train step is a gradient program too, its backward's residuals what its budget is about
+PASS_THROUGH = frozenset({"convert_element_type", "reshape", "copy", "copy_p", "squeeze", "expand_dims",
+                          "reduce_precision", "broadcast_in_dim", "transpose", "concatenate", "pad", "add", "sub",
+                          "mul", "div", "neg", "max", "min", "select_n", "clamp", "dynamic_update_slice"})
+
+
 def is_gradient(closed) -> bool:
-    """Whether `closed` was differentiated already: AD's transpose sums the cotangents of a value read
-    twice with `add_any`, which user code does not write. (A forward program with skip connections also
-    has values read after its liveness peak; it is `remat_program`'s to checkpoint, not this pass's.) Nested
-    bodies count: a gradient of two independent loop carries sums cotangents only inside its loops (round 13:
-    read as a forward program, its gradient was differentiated again and a "cannot fit" quoted that). An
-    equation JAX made by transposing says so in its name stack (`_jax.transposed`): a chain MLP's
-    `jax.value_and_grad` has no `add_any` on JAX 0.12, and budgeting it as a forward quoted its second-order
-    gradient ("cannot fit ... 4.00 MiB" where the program met its 3.00 MiB budget at 2.50 MiB)."""
-    return any(n.name == "add_any" or _jax.transposed(n.source_info) for n, _ in Graph.from_jaxpr(closed).walk())
+    """Whether `closed` was differentiated already: one of its outputs is made by a backward pass. AD's
+    transpose sums the cotangents of a value read twice with `add_any`, which user code does not write, and
+    an equation JAX made by transposing says so in its name stack (`_jax.transposed`: a chain MLP's
+    `jax.value_and_grad` has no `add_any` on JAX 0.12). A call or loop made by transposing counts (a
+    gradient of two independent loop carries sums cotangents only inside its loops, round 13).
+
+    The outputs, not any equation: a loss whose forward takes a gradient (a WGAN-GP penalty, a MAML inner
+    step, a `jax.linear_transpose` layer) has transposed equations too, but returns what its forward makes;
+    taken for a gradient, a budget on it measured the forward's own memory and met it while the gradient the
+    user runs took 2x the budget, silently (round 19's A, B)."""
+    return any(_from_backward(v) for v in Graph.from_jaxpr(closed).outputs)
+
+
+def _from_backward(v) -> bool:
+    """Whether the value `v` is a backward pass's result: made by `add_any` or a transposed equation, through
+    `PASS_THROUGH` (an update's arithmetic, casts), and through the outputs of calls (jit, checkpoint) into
+    their bodies. A loss's reductions, matmuls and nonlinearities stop the search: MAML's loss of adapted
+    parameters and a penalty's norm of an inner gradient are forward values."""
+    todo, seen = [v], set()
+    while todo:
+        v = todo.pop()
+        n = v.producer
+        if n is None or (id(n), v.index) in seen:
+            continue
+        seen.add((id(n), v.index))
+        if n.name == "add_any" or _jax.transposed(n.source_info):
+            return True
+        if n.name in PASS_THROUGH:
+            todo += n.inputs
+        elif n.name in CALL_LIKE and len(bodies := list(n.subgraphs())) == 1 and \
+                len(bodies[0].outputs) == len(n.outputs):
+            todo.append(bodies[0].outputs[v.index])
+    return False
 
 
 def recomputed(closed, k: int):
