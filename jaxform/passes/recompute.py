@@ -79,9 +79,9 @@ def _from_backward(v) -> bool:
     while todo:
         v = todo.pop()
         n = v.producer
-        if n is None or (id(n), v.index) in seen:
+        if n is None or v.id in seen:
             continue
-        seen.add((id(n), v.index))
+        seen.add(v.id)
         if n.name == "add_any" or _jax.transposed(n.source_info):
             return True
         if n.name in PASS_THROUGH:
