@@ -182,46 +182,32 @@ def test_which_programs_are_gradients():
 
 # ============== finding A: a loss with an inner gradient, its byte budget silently unmet ==============
 
-@pytest.mark.parametrize("frac", [0.5, 0.3])
-def test_gradient_penalty_budget_never_silently_unmet(frac):
-    p, x = _gp_args()
-    plain = temp(jax.grad(gp_loss), p, x)
+def _budget_met_or_said(loss, args, frac=0.5, run=jax.grad):
+    """A budget of `frac` of plain `jax.grad(loss)`'s temp on `optimize(loss)`; what `run(optimized)` takes is
+    never bigger than plain, and meets the budget or is warned of."""
+    plain = temp(jax.grad(loss), *args)
     memory = int(plain * frac)
-    o = jaxform.optimize(gp_loss, memory=memory)
-    got, w = said(lambda: temp(jax.grad(o), p, x))
+    got, w = said(lambda: temp(run(jaxform.optimize(loss, memory=memory)), *args))
     assert got <= plain
     assert got <= memory or w, (got, memory, plain)
+
+
+@pytest.mark.parametrize("frac", [0.5, 0.3])
+def test_gradient_penalty_budget_never_silently_unmet(frac):
+    _budget_met_or_said(gp_loss, _gp_args(), frac)
 
 
 def test_gradient_penalty_budget_behind_jit_never_silently_unmet():
-    p, x = _gp_args()
-    plain = temp(jax.grad(gp_loss), p, x)
-    memory = int(plain * 0.5)
-    o = jaxform.optimize(gp_loss, memory=memory)
-    got, w = said(lambda: temp(jax.grad(jax.jit(o)), p, x))
-    assert got <= plain
-    assert got <= memory or w, (got, memory, plain)
+    _budget_met_or_said(gp_loss, _gp_args(), run=lambda o: jax.grad(jax.jit(o)))
 
 
 def test_hand_written_gradient_penalty_budget_warned():
     """Held, the contrast to A: the same loss without AD inside is warned of where its budget is unmet."""
-    p, x = _gp_args()
-    plain = temp(jax.grad(gp_manual), p, x)
-    memory = int(plain * 0.5)
-    o = jaxform.optimize(gp_manual, memory=memory)
-    got, w = said(lambda: temp(jax.grad(o), p, x))
-    assert got <= plain
-    assert got <= memory or w, (got, memory, plain)
+    _budget_met_or_said(gp_manual, _gp_args())
 
 
 def test_linear_transpose_forward_budget_never_silently_unmet():
-    p, x = _gp_args()
-    plain = temp(jax.grad(lt_loss), p, x)
-    memory = int(plain * 0.5)
-    o = jaxform.optimize(lt_loss, memory=memory)
-    got, w = said(lambda: temp(jax.grad(o), p, x))
-    assert got <= plain
-    assert got <= memory or w, (got, memory, plain)
+    _budget_met_or_said(lt_loss, _gp_args())
 
 
 # ============== finding B: MAML under jit, the budget dropped ==============
