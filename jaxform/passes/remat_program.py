@@ -38,7 +38,7 @@ from ..ir import Graph
 from ..ir.identity import is_impure
 from ..ir.sizes import value_bytes
 from .decisions import decider
-from .recompute import is_gradient, recomputed
+from .recompute import recomputed
 from .registry import register
 from .segments import MATMULS, MIN_EQNS_PER_SEGMENT, boundaries, cuts  # noqa: F401 (re-exported)
 
@@ -63,7 +63,7 @@ def remat_program(graph: Graph, memory=None, schedule: tuple | None = None) -> G
     loops = any(n.name in ("scan", "while") for n, _ in graph.walk())
     if loops and schedule is not None:
         return graph
-    if loops and is_gradient(graph.to_jaxpr()):
+    if loops and decider("budget_is_own")(graph.to_jaxpr()):    # (a gradient run as it is: the planner knows the use)
         decider("loop_budget_check")(graph, memory, None)   # its loops' residuals are values now: said, not fitted
         return graph
     if not _eligible(graph):

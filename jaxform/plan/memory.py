@@ -109,7 +109,7 @@ def fit_loops(graph: Graph, memory, schedule, warn: bool = True) -> Graph:
     than remat of every step on short loops (rnn_mse, 16 steps: 12676 B against 11396 B, round 15's D)."""
     least = memory == "min"
     closed = graph.to_jaxpr()
-    if is_gradient(closed):            # its loops' residuals are ordinary values now: one try, then say so
+    if budget_is_own(closed):          # its loops' residuals are ordinary values now: one try, then say so
         plans = schedule(graph, memory)
         if warn and not least:         # ("min": remat_program says it, once)
             loop_budget_check(graph, memory, plans)
@@ -237,12 +237,22 @@ def _gradient(closed, wrt=None, with_value: bool = False, outs=None, aux: bool =
                                  through_jit=cost.gradient_behind_jit())
 
 
+def budget_is_own(closed) -> bool:
+    """Whether a budget is about this program's own temp: a program that is itself a gradient, run as it is
+    (`optimize(jax.grad(f), memory=...)` called). Traced under `jax.grad` (`cost.gradient_known`) it is
+    differentiated again, a force field trained by its own gradient, and that gradient is what runs and what a
+    budget must hold: 1081348 B, plain's, against a 50% budget, silently, when its own 262144 B was judged
+    (round 19's F)."""
+    return is_gradient(closed) and not cost.gradient_known()
+
+
 def loop_budget_check(graph: Graph, memory, plans: list | None) -> None:
     """A byte budget on a program with loops whose loops are scheduled: XLA measures the gradient the user
     will run (a program that is itself a gradient: its own temp) and a budget it does not meet is said."""
     try:
         closed = graph.to_jaxpr()
-        if is_gradient(closed):
+        own = budget_is_own(closed)
+        if own:
             got, subject = _xla_temp(closed), "this gradient program's own memory"
         else:
             got, which = budgeted_temp(closed)
@@ -250,7 +260,7 @@ def loop_budget_check(graph: Graph, memory, plans: list | None) -> None:
     except Exception:   # noqa: BLE001 - a proposal that does not compile alone (the planner's per-loop views)
         return
     if got is not None and (memory == "min" or got > memory):     # ("min": only a gradient program's loops)
-        _loops_over(memory, got, subject, plans, gradient=is_gradient(closed))
+        _loops_over(memory, got, subject, plans, gradient=own)
 
 
 def _loops_over(memory, got, subject: str, plans: list | None, gradient: bool) -> None:
@@ -484,7 +494,7 @@ def recompute_choice(closed, memory, asked: str):
     recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
     Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
     gradient's candidates (the other order's) are not measured after it."""
-    if not is_gradient(closed):
+    if not budget_is_own(closed):
         return None, False
     plain = _xla_temp(closed)
     if plain == 0 or (not isinstance(memory, str) and plain <= memory):
@@ -551,5 +561,6 @@ __all__ = ["choose", "describe", "unmet_without", "recompute_choice", "auto_budg
 
 # The memory passes ask for these decisions by name (`passes.decisions`: imports run plan -> passes).
 for _name, _fn in (("loop_schedules", loop_schedules), ("auto_budget", auto_budget), ("choose", choose),
-                   ("loop_budget_check", loop_budget_check), ("fit_loops", fit_loops)):
+                   ("loop_budget_check", loop_budget_check), ("fit_loops", fit_loops),
+                   ("budget_is_own", budget_is_own)):
     _decisions.install(_name, _fn)
