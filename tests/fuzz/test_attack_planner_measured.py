@@ -297,7 +297,9 @@ def test_x64_toggled_one_object_one_cache():
             a = (jnp.asarray(xs), jnp.asarray(w))
             r0, r1 = jax.grad(rnn, 1)(*a), jax.grad(opt, 1)(*a)
             assert r0.dtype == r1.dtype == (jnp.float64 if x64 else jnp.float32)
-            np.testing.assert_allclose(r1, r0, rtol=1e-5, atol=1e-6)
+            # (f32: the rewritten gradient sums in another order; 1.5e-6 off on an entry of 0.011 beside entries
+            # of 3, JAX 0.12: an absolute tolerance on the gradient's scale)
+            np.testing.assert_allclose(r1, r0, rtol=1e-5, atol=(1e-12 if x64 else 1e-6) * float(np.abs(r0).max()))
             assert _temp(jax.grad(opt, 1), *a) <= _temp(jax.grad(rnn, 1), *a)
 
 
