@@ -107,6 +107,16 @@ def transposed(source_info) -> bool:
     return "transpose(" in str(getattr(source_info, "name_stack", "") or "")
 
 
+def inlined_source_info(outer, inner):
+    """The source info of an equation spliced out of a call into its caller: the call's name stack before the
+    equation's own, as JAX's own inlining does, so that "transpose(jvp(...))" of a transposed jit call stays
+    on the equations of its body (a gradient of jitted layers was no longer told for a gradient once inlined)."""
+    try:
+        return inner.replace(name_stack=outer.name_stack + inner.name_stack)
+    except (AttributeError, TypeError):     # (a JAX without name stacks on source info: left as it was)
+        return inner
+
+
 def new_source_info():
     """Source info for the code that is calling now (used for nodes built by hand)."""
     return _public_siu.current()

@@ -54,4 +54,6 @@ def inline_call(graph: Graph, node: Node) -> list[Node]:
     for i, v in enumerate(node.inputs):
         v.uses.remove((node, i))
     node.dead = True
+    for inner in body.nodes:        # (the call's name stack kept: "transpose(jvp(...))" says a backward made it)
+        inner.source_info = _jax.inlined_source_info(node.source_info, inner.source_info)
     return body.nodes

@@ -172,6 +172,29 @@ def first_argument_is(inputs, asked: str | None = None, known: bool = False, beh
         yield
 
 
+_TRACED: contextvars.ContextVar = contextvars.ContextVar("jaxform_traced_program", default=None)
+
+
+@contextlib.contextmanager
+def traced_program(closed):
+    """The planner tells a budget the program as traced, where the pipeline before `remat_program` only cleans
+    it up (a loop-free plan): its gradient is the baseline a candidate must beat ("never bigger than jax.jit"),
+    and the final guard measures that same program, so the budget's first compile is the guard's (nanoGPT at
+    50%: 7 compiles -> 6)."""
+    with _setting(_TRACED, closed):
+        yield
+
+
+def traced_baseline(closed):
+    """The traced program standing in for `closed` as a budget's baseline, where the planner named one with
+    the same inputs (`traced_program`); else `closed`."""
+    traced = _TRACED.get()
+    if traced is None or traced is closed or list(traced.in_avals) != list(closed.in_avals) or \
+            list(traced.out_avals) != list(closed.out_avals):
+        return closed
+    return traced
+
+
 def gradient_known() -> bool:
     return _KNOWN.get()
 

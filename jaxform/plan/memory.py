@@ -316,15 +316,16 @@ def choose(closed, memory, asked: str | None = None):
         return own
     # traced under the gradient (`cost.gradient_known`): that one is all this trace runs, the only one compiled
     measure = user_grad_temp if cost.gradient_known() and _first_argument_floats(closed) else xla_grad_temp
-    plain = measure(closed)
+    base = cost.traced_baseline(closed)    # (plain: the program as traced, where only cleanups came before)
+    plain = measure(base)
     if plain is None:
         return None
-    plain_user = first_argument_grad_temp(closed) if measure is xla_grad_temp else None
+    plain_user = first_argument_grad_temp(base) if measure is xla_grad_temp else None
     user = (lambda prog, m: first_argument_grad_temp(prog)) if plain_user is not None else (lambda prog, m: m)
     plain_user = plain if plain_user is None else plain_user
     subject = _subject()
     budget = not isinstance(memory, str)
-    if budget and plain <= memory and plain_user <= memory and value_and_grad_temp(closed) <= memory:
+    if budget and plain <= memory and plain_user <= memory and value_and_grad_temp(base) <= memory:
         return None
     # a budget takes the first candidate that fits in the order of what they recompute (`candidates(closed,
     # cheapest_first=True)`: matmul results kept, then half, 3/4, ... of the forward): each compiled only if
@@ -355,14 +356,14 @@ def choose(closed, memory, asked: str | None = None):
         plain_user, subject = plain, "this program's gradient (w.r.t. every float input)"
     if not scored:
         if budget or memory == "min":
-            vg = value_and_grad_temp(closed) if budget else 0     # (compiled above: the answer is cached)
+            vg = value_and_grad_temp(base) if budget else 0     # (compiled above: the answer is cached)
             valued = f", and jax.value_and_grad's program, which also returns the value, at {_mib(vg)}" \
                 if budget and vg > memory else ""     # (what misses the budget where the gradient alone fits it)
             _cannot_fit(asked, plain_user, "no segment checkpointing makes it smaller (XLA measured each "
                                            f"candidate); the program is left as it is, its gradient stays at "
                                            f"{_mib(plain_user)}{valued}." +
                                            _other_order(closed, memory, plain_user),
-                        subject=subject)
+                        subject=subject, traced=base is not closed)
         return None
     if every:     # (ranked by the gradient quoted)
         scored = [(*s[:4], s[2]) for s in scored]
@@ -387,7 +388,7 @@ def choose(closed, memory, asked: str | None = None):
                 ("using that." if useful else
                  f"the program is left as it is, its gradient stays at {_mib(plain_user)} (a saving under "
                  f"{MIN_SAVING:.0%} is not worth the recomputation).") + _other_order(closed, memory, least[4]),
-                subject=subject, helped=useful)
+                subject=subject, helped=useful, traced=base is not closed)
     return least[:4] if useful else None
 
 
@@ -472,11 +473,14 @@ def value_and_grad_temp(closed) -> int:
     return _most(closed, _first_argument_floats(closed) or None, True)[0] or 0
 
 
-def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient", helped: bool = False) -> None:
+def _cannot_fit(asked: str, plain: int, what: str, subject: str = "this program's gradient", helped: bool = False,
+                traced: bool = False) -> None:
+    """traced: `plain` is the program as traced (`cost.traced_baseline`), not as jaxform's other passes left it."""
     cannot = f"cannot make {subject} smaller under {asked}" if asked == "memory='min'" else \
         f"cannot fit {subject} in {asked}"
-    warnings.warn(f"jaxform: remat_program {cannot}: without recomputation (after jaxform's "
-                  f"other passes) it takes {_mib(plain)} of XLA temp memory; " + what + _advice(helped),
+    baseline = "as traced" if traced else "after jaxform's other passes"
+    warnings.warn(f"jaxform: remat_program {cannot}: without recomputation ({baseline}) it takes "
+                  f"{_mib(plain)} of XLA temp memory; " + what + _advice(helped),
                   stacklevel=user_stacklevel())
 
 
@@ -496,16 +500,23 @@ def recompute_choice(closed, memory, asked: str):
     gradient's candidates (the other order's) are not measured after it."""
     if not budget_is_own(closed):
         return None, False
-    plain = _xla_temp(closed)
+    base = cost.traced_baseline(closed)     # (the program as traced: the final guard's, one compile)
+    plain = _xla_temp(base)
     if plain == 0 or (not isinstance(memory, str) and plain <= memory):
         return None, True
     progs = [(k, p) for k in (4, 2, 8, 16) if (p := recomputed(closed, k)) is not None]
-    scored = [(f"recompute, {k} segments", p, _xla_temp(p), cost.estimate(p, grad=False).seconds) for k, p in progs]
+    # a budget takes the fastest (by the model) that fits: compiled fastest first, up to the first that fits
+    # (nanoGPT at 50%: 4 candidates compiled -> 1); "min" the least, so compiles them all
+    timed = sorted(((k, p, cost.estimate(p, grad=False).seconds) for k, p in progs), key=lambda c: c[2] or 0.0)
+    scored = []
+    for k, p, seconds in timed:
+        scored.append((f"recompute, {k} segments", p, _xla_temp(p), seconds))
+        if memory != "min" and scored[-1][2] <= min(memory, (1 - MIN_SAVING / 2) * plain):
+            return scored[-1], True
     saving = [s for s in scored if s[2] <= (1 - MIN_SAVING / 2) * plain]
-    least = min(saving, key=lambda s: (s[2], s[3])) if saving else None
-    fits = [s for s in saving if memory == "min" or s[2] <= memory]
-    if fits:
-        return (least if memory == "min" else min(fits, key=lambda s: (s[3], s[2]))), True
+    least = min(saving, key=lambda s: (s[2], s[3] or 0.0)) if saving else None
+    if least is not None and memory == "min":
+        return least, True
     if memory != "min":
         reached = min((s[2] for s in scored), default=plain)
         how = f" with {describe(least[0])}" if least else ""
@@ -513,7 +524,8 @@ def recompute_choice(closed, memory, asked: str):
                     ("using that." if least else f"the program is left as it is, at {_mib(plain)}.") +
                     " The other order plans before JAX decides what the backward pass stores, and often reaches "
                     "less: jax.grad(optimize(f, memory=...)) (docs/remat.md, both orders).",
-                    subject="this gradient program's own memory", helped=least is not None)
+                    subject="this gradient program's own memory", helped=least is not None,
+                    traced=base is not closed)
     return least, True
 
 

@@ -48,7 +48,8 @@ from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
 from .memory import WITH_VALUE as _VALUED, auto_budget, budgeted_temp, missed_otherwise, unmet_without
-from .use import AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, aux_losses, gradient_program
+from .use import (AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, aux_losses, gradient_program,
+                  gradients_remembered)
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -518,7 +519,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
         drop = MEMORY_PASSES | (frozenset() if is_gradient(closed) else LAST_WORD)
         pipeline = [p for p in pipeline if base_name(p) not in drop]
     planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
-    with _measure.planning(f"{where or 'a program'} for {use.label}") as clock:
+    with _measure.planning(f"{where or 'a program'} for {use.label}") as clock, gradients_remembered():
         out = planning.run() if loops else planning.straight_line()
     # `skipped` indexes the pipeline as given (`explain` replays it), the passes dropped for the use included
     ran = [k for k, p in enumerate(given) if any(p is q for q in pipeline)]
@@ -772,8 +773,9 @@ class _Planning:
                                       "to run, which XLA does itself (not compiled to check them)"))
             return Plan(self.inlined, decisions, frozenset(skip | {k for k, p in enumerate(self.pipeline)
                                                                     if base_name(p) != "inline"}))
-        out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
-        chosen, skip = self.guard(out, decisions, skip)
+        with _cost.traced_program(self.closed):     # (a budget's baseline: the program the guard measures)
+            out, self.said = self.propose(self.closed, self.pipeline)    # (said once: the guard may replace them)
+            chosen, skip = self.guard(out, decisions, skip)
         self.say()
         if aux_losses(chosen) and not self.guessed:    # (several outputs: the ways of differentiating it a budget is
             # not fitted to; a program taken for a gradient runs as it is)
@@ -870,8 +872,10 @@ class _Planning:
                      if strict and (first is None or set(r) != set(first))]
             views += [(HYPOTHETICAL_GRAD + f" w.r.t. {what}", gradient_program(self.closed, set(wrt), True),
                        gradient_program(chosen, set(wrt), True)) for what, wrt in wrts]
+        # compiled for memory alone where nothing is timed after it (`slower`: a budget or "min" asks memory first)
+        alone = self.memory not in (None, "auto") or not (self.costs.tune or _measure.timing())
         for view, a, b in views:
-            plain, opt = _measure.temp_bytes(a, budget), _measure.temp_bytes(b, budget)
+            plain, opt = _measure.temp_bytes(a, budget, alone), _measure.temp_bytes(b, budget, alone)
             if plain is None or opt is None:
                 continue
             # never bigger than jax.jit means never bigger: XLA's bytes, no tolerance, in every view (a gradient

@@ -9,6 +9,8 @@ rewrite must be no worse in both (what `jax.jit` of either would run).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass
 
@@ -160,6 +162,20 @@ def aux_index(view: str) -> int | None:
     return int(view[len(AUX_GRAD) + 2:]) if view.startswith(AUX_GRAD + " #") else None
 
 
+_TRACED_GRADIENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_traced_gradients", default=None)
+
+
+@contextlib.contextmanager
+def gradients_remembered():
+    """Within one plan, each gradient program is traced once: a budget's baseline and the final guard ask for
+    the same one (nanoGPT: 0.5 s a trace). Keyed by the program object, which the memo keeps alive."""
+    token = _TRACED_GRADIENTS.set({})
+    try:
+        yield
+    finally:
+        _TRACED_GRADIENTS.reset(token)
+
+
 def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bool = False, outs=None,
                      aux: bool = True):
     """The jaxpr `jax.grad` would run for this program (VJP of every float output with ones w.r.t.
@@ -177,6 +193,10 @@ def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bo
             and (outs is None or i in outs)]     # its real part differentiated, a ones cotangent pulls it back)
     if not floats or not diff:
         return None
+    memo = _TRACED_GRADIENTS.get()
+    key = (id(closed), tuple(floats), tuple(diff), through_jit, with_value, outs is not None and aux)
+    if memo is not None and key in memo:
+        return memo[key][1]
 
     def grad(*args):
         def f(*fl):
@@ -191,9 +211,12 @@ def gradient_program(closed, wrt=None, through_jit: bool = False, with_value: bo
         return (ys, rest, grads) if with_value else (grads, rest) if outs is not None and aux else grads
 
     try:
-        return jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
+        out = jax.make_jaxpr(grad)(*[_jax.spec_of(a) for a in closed.in_avals])
     except Exception:  # noqa: BLE001 - not differentiable (integer loops, while loops): no grad view
-        return None
+        out = None
+    if memo is not None:
+        memo[key] = (closed, out)
+    return out
 
 
 def jvp_program(closed, wrt):
