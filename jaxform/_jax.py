@@ -102,9 +102,11 @@ def user_frame(source_info):
 
 
 def transposed(source_info) -> bool:
-    """Was this equation made by transposing (reverse-mode AD)? JAX names the step in its name stack
-    ("transpose(jvp(loss))") on every version we support; `add_any` alone misses a chain's gradient."""
-    return "transpose(" in str(getattr(source_info, "name_stack", "") or "")
+    """Was this equation made by the backward pass of reverse-mode AD? JAX names the step in its name stack
+    ("transpose(jvp(loss))", under `vmap` for jacrev) on every version we support; `add_any` alone misses a
+    chain's gradient. Not `jax.linear_transpose`'s "transpose(...)" alone: a tied-weights decoder made that way
+    is a forward, and taken for a gradient its budget was judged on the wrong program (round 20's A)."""
+    return "transpose(jvp(" in str(getattr(source_info, "name_stack", "") or "")
 
 
 def inlined_source_info(outer, inner):
