@@ -872,8 +872,7 @@ class _Planning:
                      if strict and (first is None or set(r) != set(first))]
             views += [(HYPOTHETICAL_GRAD + f" w.r.t. {what}", gradient_program(self.closed, set(wrt), True),
                        gradient_program(chosen, set(wrt), True)) for what, wrt in wrts]
-        # compiled for memory alone where nothing is timed after it (`slower`: a budget or "min" asks memory first)
-        alone = self.memory not in (None, "auto") or not (self.costs.tune or _measure.timing())
+        alone = not self.times_final()      # (compiled for memory alone where `slower` times nothing after it)
         for view, a, b in views:
             plain, opt = _measure.temp_bytes(a, budget, alone), _measure.temp_bytes(b, budget, alone)
             if plain is None or opt is None:
@@ -884,6 +883,11 @@ class _Planning:
                 return f"XLA measured {view} temp {opt} B > {plain} B as traced"
         return None
 
+    def times_final(self) -> bool:
+        """Does the final guard time the chosen program (`slower`)? Only where nothing is asked before time
+        (`memory` None or "auto") and time is measured."""
+        return self.memory in (None, "auto") and bool(self.costs.tune or _measure.timing())
+
     def slower(self, chosen, untimed: str | None = None) -> str | None:
         """Where `chosen` runs slower than the traced program (in words), or None: the view the use runs (its
         first gradient; the forward if it takes none), the two timed in one interleaved pair. Each kept rewrite
@@ -892,7 +896,7 @@ class _Planning:
         (regret.py, issue 37). A program that halves that view's memory may be MEMORY_WIN_TIME slower, as
         `judge` allows. Only where nothing is asked before time (`memory` None or "auto") and time is measured;
         `untimed` is the answer where the pair cannot be timed (a callback's program, the allowance spent)."""
-        if self.memory not in (None, "auto") or not (self.costs.tune or _measure.timing()):
+        if not self.times_final():
             return None
         use = self.costs.use
         views = [v for v in self.costs.views(self.closed) if v != HYPOTHETICAL_GRAD]
