@@ -31,6 +31,7 @@ import os
 import sys
 import time
 import warnings
+from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
@@ -162,9 +163,7 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
     res, prints = measure(named, args, reps, notes)
     if "planner" not in res:
         return {"program": name, "view": kind, "error": "planner failed"}
-    # the decisions judged for this view (a jit trace's plan joins a forward and a gradient plan: `Decision.use`)
-    decisions = [d for d in planner_fn.decisions() if d.pass_name in DECIDING and
-                 (not d.use or (d.use == "forward") == (kind == "fwd"))] if hasattr(planner_fn, "decisions") else []
+    decisions = pass_verdicts(planner_fn, kind)
     r = verdicts(res, cands, decisions)
     # a surprising ratio is repeated before it is believed: the programs it rests on are timed again
     # (CONFIRM rounds, interleaved), each then keeping the minimum of its confirming rounds alone. The first
@@ -186,6 +185,25 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
         r = verdicts(res, cands, decisions)
     r.update(program=name, view=kind, candidates=len(cands), active=active)
     return r
+
+
+Verdict = namedtuple("Verdict", "pass_name kept")
+
+
+def pass_verdicts(planner_fn, kind: str) -> list:
+    """The planner's verdict on each deciding pass in this view, one per pass: kept where any of its decisions
+    was kept. A program with several top-level loops is decided per loop ("fission [loop 1 of 2, ...]", "...
+    [every loop together, after each alone]"); the candidates here apply a pass to the whole program, so its
+    verdicts are judged together. Until session 20 such decisions were matched by their full names and judged
+    nowhere (every `opt_of_grad` row, whose gradient program has a forward and a backward loop, showed "0d").
+    A jit trace's plan joins a forward and a gradient plan (`Decision.use`): `fwd` and `opt_of_grad` (a gradient
+    run as it is) run the forward plan's, `grad_of_opt` the other's."""
+    out: dict = {}
+    for d in (planner_fn.decisions() if hasattr(planner_fn, "decisions") else []):
+        name = d.pass_name.split(" [")[0]
+        if name in DECIDING and (not d.use or (d.use == "forward") == (kind != "grad_of_opt")):
+            out[name] = out.get(name, False) or d.kept
+    return [Verdict(n, k) for n, k in out.items()]
 
 
 def verdicts(res: dict, cands: dict, decisions: list) -> dict:
