@@ -387,7 +387,8 @@ def choose(closed, memory, asked: str | None = None):
                 f"{describe(least[0])}{fits_grad}; " +
                 ("using that." if useful else
                  f"the program is left as it is, its gradient stays at {_mib(plain_user)} (a saving under "
-                 f"{MIN_SAVING:.0%} is not worth the recomputation).") + _other_order(closed, memory, least[4]),
+                 f"{MIN_SAVING:.0%} is not worth the recomputation).") +
+                _other_order(closed, memory, least[4] if useful else plain_user),   # (what this order runs)
                 subject=subject, helped=useful, traced=base is not closed)
     return least[:4] if useful else None
 
@@ -406,7 +407,8 @@ def _other_order(closed, memory, reached: int) -> str:
     gp = run_passes(gp, OTHER_ORDER_CLEANUPS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        choice, _ = recompute_choice(gp, memory, "")
+        choice, _ = recompute_choice(gp, memory, "", own=True)   # (that order runs it as it is, whatever this
+        # trace's use: under jax.grad `budget_is_own` says no, and from 815f0e5 to session 20 nothing was named)
     if choice is None or choice[2] > ORDERS_APART * reached:
         return ""
     return (f" The other order, optimize(jax.grad(f), memory={memory!r}), reaches {_mib(choice[2])} here "
@@ -493,12 +495,14 @@ def unmet_without(memory, left: float, view: str, measured: bool, why: str) -> N
                   f"gradient's view '{view}'; {why}." + _advice(helped=True), stacklevel=user_stacklevel())
 
 
-def recompute_choice(closed, memory, asked: str):
+def recompute_choice(closed, memory, asked: str, own: bool | None = None):
     """For a program that is itself a gradient (`optimize(jax.grad(f), memory=...)`): its residuals
     recomputed in its backward (`passes.recompute`), k segments, judged on the program's own XLA temp.
     Returns (choice or None, stop): a gradient program's own temp is what a budget is about, so its
-    gradient's candidates (the other order's) are not measured after it."""
-    if not budget_is_own(closed):
+    gradient's candidates (the other order's) are not measured after it. `own`: whether the budget is about
+    its own temp, where the caller knows better than this trace's use (`_other_order` asks of a gradient
+    program the other order would run as it is, while this trace runs under `jax.grad`)."""
+    if not (budget_is_own(closed) if own is None else own):
         return None, False
     base = cost.traced_baseline(closed)     # (the program as traced: the final guard's, one compile)
     plain = _xla_temp(base)
