@@ -220,6 +220,7 @@ class Why(str):
 
 
 KEPT = "kept"
+MEMORY_FIRST = "memory first"   # kept under "min" or a byte budget for its memory: no time could refuse it
 BIGGER = "bigger"            # more temp memory than the program before (or as traced) in `view`
 ASKED = "asked"              # gives back memory that "min" or a budget asks for
 GIVES_BACK = "gives back"    # gives back memory an earlier pass won, for too little time
@@ -251,10 +252,10 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
         return False, Why(f"gives back {', '.join(asked)} memory that memory={memory!r} asks for", ASKED, asked[0])
     over = _over_budget(before, after, gives_back, memory, use)     # (undid fusion's fit)
     if over:     # a budget is for each way of running the gradient: the worst one, missing it, brought down (the
-        return True, Why(over)   # others' give-backs stay within it) is memory first, as asked, whatever the time
+        return True, Why(over, MEMORY_FIRST)   # others' give-backs stay within it) is memory first, as asked,
     if (memory == "min" or _byte_budget(memory)) and not gives_back \
-            and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):
-        return True, Why(f"less memory (memory={memory!r}: memory first, time not weighed)")
+            and any(_less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views):   # (whatever the time)
+        return True, Why(f"less memory (memory={memory!r}: memory first, time not weighed)", MEMORY_FIRST)
     halves = not gives_back and any(a.temp_bytes * MEMORY_WIN <= before[a.view].temp_bytes and
                                      _less(before[a.view].temp_bytes, a.temp_bytes) for a in after.views)
     if gives_back:      # for a speedup of GIVE_BACK_* in some view (and, below, no view slower)
@@ -629,7 +630,7 @@ class _Planning:
         keep, why = judge(self.plain, untimed(before), untimed(after), memory_pass=name in MEMORY_PASSES,
                           memory=self.memory, use=self.costs.use)
         return (not keep and why.kind in (BIGGER, NO_SAVING)) or \
-            (keep and name in MEMORY_PASSES and self.memory != "auto")
+            (keep and (why.kind == MEMORY_FIRST or name in MEMORY_PASSES and self.memory != "auto"))
 
     def run(self) -> Plan:
         pipeline, closed = self.pipeline, self.closed
@@ -975,7 +976,7 @@ class _Planning:
             return keep, why
         tail = [q for q in self.pipeline[i + 1:] if (not decided(q) or q in later) and base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail),
-                                           first_gradient_only=True)
+                                           lambda b, a: self.memory_settles(b, a, ""), first_gradient_only=True)
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
         return (True, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})")) if k2 else \
             (keep, why)
