@@ -683,12 +683,16 @@ class _Planning:
                     pending[ENABLES[name]] = i
             elif keep and name in JUDGED_AGAINST_LATER:
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
+            if keep and name in JUDGED_AGAINST_LATER:
+                keep, why = self.against_memory_planning(i, good, cand, keep, why)
             if not keep and why.kind in (BIGGER, ASKED, GIVES_BACK) and won and name not in MEMORY_PASSES:
                 j = won[-1]      # the same proposal on the program without the last memory win
                 alt, alt_said = self.propose(self.closed, [q for k, q in enumerate(pipeline[:i + 1])
                                                            if k not in skip | {j}])
                 if not _same(alt, good):
                     k2, why2, before2, after2, m2 = self.judged(i, good, alt, name)
+                    if k2 and name in JUDGED_AGAINST_LATER:
+                        k2, why2 = self.against_memory_planning(i, good, alt, k2, why2)
                     if k2:
                         decisions.append(Decision(getattr(pipeline[j], "pass_name", ""), False, before2, after2,
                                                   f"undone for {name}: {why2}"))
@@ -945,6 +949,8 @@ class _Planning:
                 counts_on |= keep
             elif keep and name in JUDGED_AGAINST_LATER:
                 keep, why = self.with_enabled(i, ENABLES[name], good, cand, keep, why)
+            if keep and name in JUDGED_AGAINST_LATER:
+                keep, why = self.against_memory_planning(i, good, cand, keep, why)
             if not keep:
                 refused.append((good, cand))
             where = f"loop {k + 1} of {n}, {loops[at[k]].location() or 'no source line'}" if k < n else \
@@ -971,15 +977,31 @@ class _Planning:
         rnn_mse's fused loss with remat took 412 KiB where remat alone took 810, and was refused for its
         `jax.value_and_grad` timed 0.87x, a 1.6 ms program that measured 0.91x-1.07x when timed again (the
         regret benchmark's memory regret 1.97 on that row)."""
+        k2, why2 = self.with_memory_planning(i, good, cand)
+        return (True, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})")) if k2 else \
+            (keep, why)
+
+    def against_memory_planning(self, i, good, cand, keep, why):
+        """A proposal kept alone (`JUDGED_AGAINST_LATER`) for a function that is differentiated, judged again
+        with the loop memory planning to come, against that planning without it: `plan.reverse_gru`'s gradient
+        kept fission as a tie (2.7 MiB, 1.01x), after which remat reached 1.2 MiB where, without fission, it
+        reached 0.41 MiB at the same time (regret.py; issue 37: one memory win never undone by another pass)."""
+        if not self.costs.use.differentiated:
+            return keep, why
+        k2, why2 = self.with_memory_planning(i, good, cand)
+        return (keep, why) if k2 is None or k2 else \
+            (False, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})"))
+
+    def with_memory_planning(self, i, good, cand):
+        """(keep?, why) for `cand` against `good`, each followed by the memory passes to come (loop schedules),
+        timed in the gradient `jax.grad` runs only, as a memory pass is; (None, "") where none is to come."""
         later = [q for q in self.pipeline[i + 1:] if base_name(q) in MEMORY_PASSES]
         if not later:
-            return keep, why
+            return None, ""
         tail = [q for q in self.pipeline[i + 1:] if (not decided(q) or q in later) and base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail),
                                            lambda b, a: self.memory_settles(b, a, ""), first_gradient_only=True)
-        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
-        return (True, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})")) if k2 else \
-            (keep, why)
+        return judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
         """A proposal judged together with the later pass it enables (`ENABLES`), against that pass alone:
