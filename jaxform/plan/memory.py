@@ -397,7 +397,16 @@ def _other_order(closed, memory, reached: int) -> str:
     """Where this order falls short (a budget unmet, or "min"), what the other one reaches, measured: the
     gradient program (`jax.grad`'s, the first argument's where known) with its residuals recomputed in its
     backward (`recompute_choice`). Said only where it is 10% less than `reached` (issue 38: the LM at 25%
-    reached 23.00 MiB this way and 18.07 MiB the other)."""
+    reached 23.00 MiB this way and 18.07 MiB the other).
+    Not for a function with several outputs: which one `jax.grad(f, has_aux=True)` takes for the loss is not
+    known here (a dict's loss flattens anywhere), and the VJP of every output is not that program (claims 1.74x
+    off, and an order 10% worse named: round 21's A); nor for a gradient w.r.t. values `f` closes over, which
+    `jax.grad(f)` cannot take; nor per-example gradients (`jax.vmap(jax.grad(...))`): the other order under
+    `jax.vmap` plans one example's program and ran plain's bytes, 27% over the claim (round 21's E). Under
+    argnums other than the default, the advice keeps them (round 21's D)."""
+    asked = cost.asked_gradient() or ""
+    if aux_losses(closed) or "closes over" in asked or cost.batched_gradient() is not None:
+        return ""
     gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None)
     if gp is None:
         return ""
@@ -411,7 +420,8 @@ def _other_order(closed, memory, reached: int) -> str:
         # trace's use: under jax.grad `budget_is_own` says no, and from 815f0e5 to session 20 nothing was named)
     if choice is None or choice[2] > ORDERS_APART * reached:
         return ""
-    return (f" The other order, optimize(jax.grad(f), memory={memory!r}), reaches {_mib(choice[2])} here "
+    grad = "jax.grad(f, argnums=...) (with your argnums)" if asked else "jax.grad(f)"
+    return (f" The other order, optimize({grad}, memory={memory!r}), reaches {_mib(choice[2])} here "
             f"(XLA measured; {describe(choice[0])}): use that one (docs/remat.md, both orders).")
 
 

@@ -43,6 +43,9 @@ Findings (plain / A / B / claim, bytes):
   G. (low; documented as left in docs/remat.md, session 20) `jax.value_and_grad(optimize(f, memory=B))` is compared
      on jax.grad's program: the benchmark MLP (B=128) at 25%, JAX 0.10.2: value_and_grad A 1572864 B, B 1310720 B
      (17% less), unnamed. Test: test_value_and_grad_names_the_better_order.
+Fixed in session 21 (`_other_order`): A(1) (no other order is estimated for several outputs, whose loss is not
+  known), D (the advice keeps "argnums"), E (none for per-example gradients). Left, strict xfails: A(2) (B better under
+  has_aux, not named), B, C, F, G.
 Held (passing tests): a named claim matches B within 3% where both orders differentiate the same program (`_single`,
   25%: 0.996x on 0.10.2, 1.002x on 0.12) and gradients equal plain's; "min" on `_normed` does not name B where A
   reaches less (0.10.2: 1258496 vs 1325056; 0.12: 589824 vs 721920); nothing named where B is worse (0.12 `_normed`
@@ -266,13 +269,11 @@ def test_normed_claim_matches_the_other_orders_own_number():
 
 # ---- findings A and B: has_aux -------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(NEW, strict=True, reason="finding A(1): on JAX 0.12, jax.grad(optimize(f, memory=25%), "
-                   "has_aux=True) runs 655360 B and its warning names optimize(jax.grad(f), ...) as reaching 0.56 MiB, "
-                   "but the has_aux gradient under that order runs 721920 B (10% MORE than this order): the estimate "
-                   "differentiates every output (loss + aux), not has_aux's program")
 def test_has_aux_other_order_not_named_when_worse():
     """`_aux_l2` (loss, sum of squared weights) at 25%: 0.12 1652736 / 655360 / 721920 / 587202 (named, worse);
-    0.10.2 1652736 / 1586176 / 1325056 / 1258291 (named, B 16% less)."""
+    0.10.2 1652736 / 1586176 / 1325056 / 1258291 (named, B 16% less).
+    Fixed (session 21): the other order is not estimated for a function with several outputs (the loss has_aux
+    takes is not known there); it was, on the VJP of every output."""
     args = _args()
     ga = lambda f: jax.grad(f, has_aux=True)  # noqa: E731
     plain = temp(ga(_aux_l2), *args)
@@ -298,10 +299,10 @@ def aux_wide():
     return dict(plain=plain, budget=budget, a=a, b=b, msgs=msgs, got=got, want=want)
 
 
-@pytest.mark.xfail(strict=True, reason="finding A(2): has_aux, the other order estimated on the VJP of every output: "
-                   "JAX 0.10.2 claims 2.20 MiB where optimize(jax.grad(f, has_aux=True), ...) runs 1324032 B (1.74x "
-                   "off, and more than this order's own 1586176 B, yet 'use that one'); JAX 0.12 does not name it "
-                   "though it runs 589824 B against this order's 923648 B (36% less)")
+@pytest.mark.xfail(strict=True, reason="finding A(2): has_aux, optimize(jax.grad(f, has_aux=True), ...) runs 1324032 B "
+                   "on JAX 0.10.2 against this order's 1586176 B, 589824 B against 923648 B on 0.12, and is not named. "
+                   "(Until session 21 the estimate was the VJP of every output: 0.10.2 claimed 2.20 MiB, 1.74x off; "
+                   "now nothing is claimed for several outputs, whose loss is not known here.)")
 def test_has_aux_other_order_claim_is_has_aux_programs(aux_wide):
     r = aux_wide
     assert r["a"] <= r["plain"] and r["b"] <= r["plain"]
@@ -323,12 +324,10 @@ def test_has_aux_warning_says_which_output_it_quotes(aux_wide):
 
 # ---- finding D: argnums -------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="finding D: under jax.grad(optimize(f, memory=...), argnums=1) the warning's "
-                   "advice is 'optimize(jax.grad(f), memory=...)', which differentiates the first argument, another "
-                   "gradient (its number is not the one quoted, and an integer first argument makes it raise)")
 def test_argnums_advice_keeps_argnums():
     """`_single_x(x, p)` differentiated w.r.t. p (argnums=1) at 25%: named, and the claim is the argnums=1 program's
-    (0.10.2 1326080 B vs 1321205 claimed; 0.12 1245184 vs 1247805): only the words lose the argnums."""
+    (0.10.2 1326080 B vs 1321205 claimed; 0.12 1245184 vs 1247805). Finding D, fixed in session 21: the advice was
+    'optimize(jax.grad(f), memory=...)', which differentiates the first argument, another gradient."""
     p, x = _args(wide=True)
     x_first = (x, p)
     g1 = lambda f: jax.grad(f, argnums=1)  # noqa: E731
@@ -345,13 +344,12 @@ def test_argnums_advice_keeps_argnums():
 
 # ---- findings E and F: vmap ---------------------------------------------------------------------------------------
 
-@_slow_if(not NEW)        # (40 s on JAX 0.10.2, where nothing is named)
-@pytest.mark.xfail(NEW, strict=True, reason="finding E: under jax.vmap(jax.grad(optimize(f, memory=25%))) JAX 0.12 names "
-                   "the other order at 1.00 MiB (the batched estimate), but jax.vmap(optimize(jax.grad(f), memory=...)) "
-                   "plans one example and runs plain's 1332224 B (27% over the claim), silently")
+@pytest.mark.slow        # (40 s on JAX 0.10.2)
 def test_vmap_other_order_claim_is_reachable():
     """`_single` per example (4 x 64 rows) at 25% of the batched plain: 0.12 1332224 / 1332224 / 1332224 / 1048576;
-    0.10.2 the same bytes, unnamed (right)."""
+    0.10.2 the same bytes, unnamed (right). Finding E, fixed in session 21: JAX 0.12 named the other order at
+    1.00 MiB (the batched estimate), but jax.vmap(optimize(jax.grad(f), memory=...)) plans one example and runs
+    plain's 1332224 B; per-example gradients name no other order now."""
     p, k = _weights(wide=True)
     x = jax.random.normal(k, (4, 64, 64))
     d = lambda f: jax.vmap(jax.grad(f), in_axes=(None, 0))  # noqa: E731
