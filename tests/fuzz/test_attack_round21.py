@@ -152,6 +152,18 @@ def _order_b(gradient_of_f, memory, *args):
     return t, [str(w.message) for w in said]
 
 
+def _both_orders(diff, f, share, *args):
+    """(plain, memory, A, B, A's warnings) of `diff(f)` at `share` of plain's temp ("min" as it is); both checked
+    never bigger than plain, and A's values against plain JAX's."""
+    plain = temp(diff(f), *args)
+    memory = share if isinstance(share, str) else int(plain * share)
+    a, ca, msgs = _order_a(diff, f, memory, *args)
+    b, _ = _order_b(diff(f), memory, *args)
+    assert a <= plain and b <= plain, (a, b, plain)
+    _close(ca(*args), diff(f)(*args))
+    return plain, memory, a, b, msgs
+
+
 def _check_named_rightly(a: int, b: int, msgs: list):
     """The rule of commit 3f122f3: the other order is named iff it reaches 10% less than this one, with a number the
     user gets by running it. (A 2% margin either side of the 10% line: XLA's bytes of two programs.)"""
@@ -222,29 +234,18 @@ def test_claim_matches_the_other_order_when_named():
     """`_single` at 25%: order A keeps nothing (its best saves just under 25% on JAX 0.12, nothing on 0.10.2), names
     B, and B runs what the warning says: 0.10.2 1653760 / 1653760 / 1326080 / claim 1321205 (0.996x); 0.12 1653760 /
     1653760 / 1245184 / 1247805 (1.002x)."""
-    args = _args(wide=True)
-    plain = temp(jax.grad(_single), *args)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(jax.grad, _single, budget, *args)
-    b, _ = _order_b(jax.grad(_single), budget, *args)
-    assert a <= plain and b <= plain, (a, b, plain)
+    plain, budget, a, b, msgs = _both_orders(jax.grad, _single, 0.25, *_args(wide=True))
     assert _claim(msgs) is not None, (a, b, msgs)       # (the premise: named)
     _check_named_rightly(a, b, msgs)
     assert "memory=%d)" % budget in _other(msgs)          # the user's budget, as given
-    _close(ca(*args), jax.grad(_single)(*args))
 
 
 def test_min_does_not_name_the_other_where_this_order_reaches_less():
     """`_normed` under "min": A reaches less than B (0.10.2 1258496 vs 1325056; 0.12 589824 vs 721920), so B is not
     named; neither is bigger than plain and A's gradient is plain's."""
-    args = _args()
-    plain = temp(jax.grad(_normed), *args)
-    a, ca, msgs = _order_a(jax.grad, _normed, "min", *args)
-    b, _ = _order_b(jax.grad(_normed), "min", *args)
-    assert a <= plain and b <= plain, (a, b, plain)
+    plain, _, a, b, msgs = _both_orders(jax.grad, _normed, "min", *_args())
     assert b > a, (a, b)                                  # (the premise)
     _check_named_rightly(a, b, msgs)
-    _close(ca(*args), jax.grad(_normed)(*args))
 
 
 # ---- finding C: the claim differentiates jaxform's cleaned forward, B differentiates f ----------------------------
@@ -257,13 +258,7 @@ def test_min_does_not_name_the_other_where_this_order_reaches_less():
 def test_normed_claim_matches_the_other_orders_own_number():
     """`_normed` at 25%: 0.10.2 1652736 / 1586176 / 1325056 / 1258291 (named, 0.950x); JAX 0.12 1652736 / 589824 /
     721920 / unnamed (right: B is worse)."""
-    args = _args()
-    plain = temp(jax.grad(_normed), *args)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(jax.grad, _normed, budget, *args)
-    b, bmsgs = _order_b(jax.grad(_normed), budget, *args)
-    assert a <= plain and b <= plain
-    _close(ca(*args), jax.grad(_normed)(*args))
+    plain, _, a, b, msgs = _both_orders(jax.grad, _normed, 0.25, *_args())
     _check_named_rightly(a, b, msgs)
 
 
@@ -274,14 +269,7 @@ def test_has_aux_other_order_not_named_when_worse():
     0.10.2 1652736 / 1586176 / 1325056 / 1258291 (named, B 16% less).
     Fixed (session 21): the other order is not estimated for a function with several outputs (the loss has_aux
     takes is not known there); it was, on the VJP of every output."""
-    args = _args()
-    ga = lambda f: jax.grad(f, has_aux=True)  # noqa: E731
-    plain = temp(ga(_aux_l2), *args)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(ga, _aux_l2, budget, *args)
-    b, _ = _order_b(ga(_aux_l2), budget, *args)
-    assert a <= plain and b <= plain
-    _close(ca(*args), ga(_aux_l2)(*args))
+    plain, _, a, b, msgs = _both_orders(lambda f: jax.grad(f, has_aux=True), _aux_l2, 0.25, *_args())
     claim = _claim(msgs)
     assert not (claim is not None and b >= a), ("named an order that is not better", a, b, claim)
 
@@ -289,14 +277,8 @@ def test_has_aux_other_order_not_named_when_worse():
 @pytest.fixture(scope="module")
 def aux_wide():
     """Order A and B of `_aux_wide` under jax.grad(has_aux=True) at 25%: shared by two tests (one plan each)."""
-    args = _args(wide=True)
-    ga = lambda f: jax.grad(f, has_aux=True)  # noqa: E731
-    plain = temp(ga(_aux_wide), *args)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(ga, _aux_wide, budget, *args)
-    b, _ = _order_b(ga(_aux_wide), budget, *args)
-    got, want = ca(*args), ga(_aux_wide)(*args)
-    return dict(plain=plain, budget=budget, a=a, b=b, msgs=msgs, got=got, want=want)
+    plain, budget, a, b, msgs = _both_orders(lambda f: jax.grad(f, has_aux=True), _aux_wide, 0.25, *_args(wide=True))
+    return dict(plain=plain, budget=budget, a=a, b=b, msgs=msgs)
 
 
 @pytest.mark.xfail(strict=True, reason="finding A(2): has_aux, optimize(jax.grad(f, has_aux=True), ...) runs 1324032 B "
@@ -305,8 +287,6 @@ def aux_wide():
                    "now nothing is claimed for several outputs, whose loss is not known here.)")
 def test_has_aux_other_order_claim_is_has_aux_programs(aux_wide):
     r = aux_wide
-    assert r["a"] <= r["plain"] and r["b"] <= r["plain"]
-    _close(r["got"], r["want"])
     _check_named_rightly(r["a"], r["b"], r["msgs"])
 
 
@@ -329,14 +309,7 @@ def test_argnums_advice_keeps_argnums():
     (0.10.2 1326080 B vs 1321205 claimed; 0.12 1245184 vs 1247805). Finding D, fixed in session 21: the advice was
     'optimize(jax.grad(f), memory=...)', which differentiates the first argument, another gradient."""
     p, x = _args(wide=True)
-    x_first = (x, p)
-    g1 = lambda f: jax.grad(f, argnums=1)  # noqa: E731
-    plain = temp(g1(_single_x), *x_first)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(g1, _single_x, budget, *x_first)
-    b, _ = _order_b(g1(_single_x), budget, *x_first)
-    assert a <= plain and b <= plain
-    _close(ca(*x_first), g1(_single_x)(*x_first))
+    plain, _, a, b, msgs = _both_orders(lambda f: jax.grad(f, argnums=1), _single_x, 0.25, x, p)
     _check_named_rightly(a, b, msgs)                 # (holds: the number is argnums=1's)
     assert _other(msgs) is not None, msgs            # (the premise)
     assert "argnums" in _other(msgs), _other(msgs)
@@ -401,12 +374,7 @@ def test_value_and_grad_names_the_better_order():
     r = np.random.RandomState(0)
     params = [(jnp.asarray(r.randn(512, 512) * 0.05, np.float32), jnp.zeros(512, np.float32)) for _ in range(4)]
     batch = (jnp.asarray(r.randn(128, 512), np.float32), jnp.asarray(r.randn(128, 512), np.float32))
-    plain = temp(jax.value_and_grad(_mlp_loss), params, batch)
-    budget = int(plain * 0.25)
-    a, ca, msgs = _order_a(jax.value_and_grad, _mlp_loss, budget, params, batch)
-    b, _ = _order_b(jax.value_and_grad(_mlp_loss), budget, params, batch)
-    assert a <= plain and b <= plain
-    _close(ca(params, batch), jax.value_and_grad(_mlp_loss)(params, batch))
+    plain, _, a, b, msgs = _both_orders(jax.value_and_grad, _mlp_loss, 0.25, params, batch)
     _check_named_rightly(a, b, msgs)
 
 
