@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxform                                              # noqa: E402
 from jaxform.inspect.program import min_time                # noqa: E402
 from jaxform.passes import DEFAULT                          # noqa: E402
-from jaxform.plan.planner import GIVE_BACK_MEASURED, MEMORY_SLACK, MEMORY_WIN, MEMORY_WIN_TIME  # noqa: E402
+from jaxform.plan.planner import GIVE_BACK_MEASURED, MEMORY_WIN, MEMORY_WIN_TIME, _more  # noqa: E402
 from regret_programs import programs                        # noqa: E402
 
 ALWAYS = ["inline", "cse", "dce"]
@@ -244,9 +244,9 @@ def verdicts(res: dict, cands: dict, decisions: list, memory: str | None = None)
         allowed = MEMORY_WIN_TIME if mw * MEMORY_WIN <= mwo and mw < mwo else NOISE
         # ... and memory an earlier pass won may be given back, up to plain's, for a measured GIVE_BACK_MEASURED
         # (fission_sincos' forward: 1.40x faster at plain's 7.8 MiB where fusion alone took 16 KiB)
-        # growth is what the planner calls growth: beyond MEMORY_SLACK (a page) or 1%, whichever is more
-        # (hoisting's 144 B into `plan.kalman`'s 8 KiB gradient, "no bigger" to the planner, was a reversal here)
-        grows = mw > mwo + max(MEMORY_SLACK, 0.01 * mwo) and not (
+        # growth is what the planner calls growth (`_more`: beyond MEMORY_SLACK, a page, or 1%, whichever is more;
+        # hoisting's 144 B into `plan.kalman`'s 8 KiB gradient, "no bigger" to the planner, was a reversal here)
+        grows = _more(mwo, mw) and not (
             mw <= plain[1] * 1.01 and ratio * GIVE_BACK_MEASURED * (1 - NOISE) <= 1)
         if d.kept and (ratio > 1 + allowed or grows) or \
                 not d.kept and ratio < 1 - NOISE and mw <= mwo * 1.01:

@@ -164,7 +164,7 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
         if wrt is None:      # (a use built by hand, `Use((("grad", None),))`: every float input)
             first = None
         elif first is None or set(wrt) != set(first):   # argnums other than the default
-            first, asked = wrt, "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
+            first, asked = wrt, _plan.cost.ASKED_ARGNUMS
     sizes = [len(jax.tree_util.tree_leaves(args[i])) for i in positions]
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient
@@ -342,8 +342,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         grad = next((s for s in use2.steps if isinstance(s, tuple) and s[0] == "grad"), None) if use2.known else None
         first, asked, known = _plan.cost.first_argument(), _plan.cost.asked_gradient(), _plan.cost.gradient_known()
         if grad is not None and any(i < n for i in grad[1]):
-            first, asked, known = grad[1], "the gradient jax.grad takes here (w.r.t. the values the function closes " \
-                                           "over)", True
+            first, asked, known = grad[1], _plan.cost.ASKED_CLOSED_OVER, True
         elif first is not None:
             first = [i + n for i in first]
         behind_jit = _plan.cost.gradient_behind_jit() and not known

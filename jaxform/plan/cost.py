@@ -207,6 +207,10 @@ def first_argument():
     return _FIRST_ARGUMENT.get()
 
 
+ASKED_ARGNUMS = "the gradient jax.grad takes here (w.r.t. the arguments it differentiates)"
+ASKED_CLOSED_OVER = "the gradient jax.grad takes here (w.r.t. the values the function closes over)"
+
+
 def asked_gradient() -> str | None:
     return _ASKED.get()
 

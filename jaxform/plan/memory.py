@@ -405,7 +405,7 @@ def _other_order(closed, memory, reached: int) -> str:
     `jax.vmap` plans one example's program and ran plain's bytes, 27% over the claim (round 21's E). Under
     argnums other than the default, the advice keeps them (round 21's D)."""
     asked = cost.asked_gradient() or ""
-    if aux_losses(closed) or "closes over" in asked or cost.batched_gradient() is not None:
+    if aux_losses(closed) or asked == cost.ASKED_CLOSED_OVER or cost.batched_gradient() is not None:
         return ""
     gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None)
     if gp is None:

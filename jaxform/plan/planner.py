@@ -977,9 +977,8 @@ class _Planning:
         rnn_mse's fused loss with remat took 412 KiB where remat alone took 810, and was refused for its
         `jax.value_and_grad` timed 0.87x, a 1.6 ms program that measured 0.91x-1.07x when timed again (the
         regret benchmark's memory regret 1.97 on that row)."""
-        k2, why2 = self.with_memory_planning(i, good, cand)
-        return (True, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})")) if k2 else \
-            (keep, why)
+        k2, why2 = self.with_memory_planning(i, good, cand, why)
+        return (True, why2) if k2 else (keep, why)
 
     def against_memory_planning(self, i, good, cand, keep, why):
         """A proposal kept alone (`JUDGED_AGAINST_LATER`) for a function that is differentiated, judged again
@@ -988,20 +987,21 @@ class _Planning:
         reached 0.41 MiB at the same time (regret.py; issue 37: one memory win never undone by another pass)."""
         if not self.costs.use.differentiated:
             return keep, why
-        k2, why2 = self.with_memory_planning(i, good, cand)
-        return (keep, why) if k2 is None or k2 else \
-            (False, why2.reworded(f"{why2} once loop memory planning has run (alone: {why})"))
+        k2, why2 = self.with_memory_planning(i, good, cand, why)
+        return (keep, why) if k2 is None or k2 else (False, why2)
 
-    def with_memory_planning(self, i, good, cand):
+    def with_memory_planning(self, i, good, cand, alone: str):
         """(keep?, why) for `cand` against `good`, each followed by the memory passes to come (loop schedules),
-        timed in the gradient `jax.grad` runs only, as a memory pass is; (None, "") where none is to come."""
+        timed in the gradient `jax.grad` runs only, as a memory pass is, the why beside the verdict it had
+        `alone`; (None, "") where none is to come."""
         later = [q for q in self.pipeline[i + 1:] if base_name(q) in MEMORY_PASSES]
         if not later:
             return None, ""
         tail = [q for q in self.pipeline[i + 1:] if (not decided(q) or q in later) and base_name(q) not in LAST_WORD]
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail),
                                            lambda b, a: self.memory_settles(b, a, ""), first_gradient_only=True)
-        return judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
+        k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
+        return k2, why2.reworded(f"{why2} once loop memory planning has run (alone: {alone})")
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
         """A proposal judged together with the later pass it enables (`ENABLES`), against that pass alone:
