@@ -45,7 +45,7 @@ Findings (plain / A / B / claim, bytes):
      (17% less), unnamed. Test: test_value_and_grad_names_the_better_order.
 Fixed in session 21 (`_other_order`): A(1) (no other order is estimated for several outputs, whose loss is not
   known), D (the advice keeps "argnums"), E (none for per-example gradients). Left, strict xfails: A(2) (B better under
-  has_aux, not named), B, C, F, G.
+  has_aux, not named); B, C, F and G fixed in session 22.
 Held (passing tests): a named claim matches B within 3% where both orders differentiate the same program (`_single`,
   25%: 0.996x on 0.10.2, 1.002x on 0.12) and gradients equal plain's; "min" on `_normed` does not name B where A
   reaches less (0.10.2: 1258496 vs 1325056; 0.12: 589824 vs 721920); nothing named where B is worse (0.12 `_normed`
@@ -251,13 +251,11 @@ def test_min_does_not_name_the_other_where_this_order_reaches_less():
 # ---- finding C: the claim differentiates jaxform's cleaned forward, B differentiates f ----------------------------
 
 @_slow_if(NEW)            # (15 s on JAX 0.12, where B is worse and rightly unnamed)
-@pytest.mark.xfail(not NEW, strict=True, reason="finding C: on JAX 0.10.2 order A's warning says the other order "
-                   "reaches 1.20 MiB (1258291 B) but optimize(jax.grad(f), memory=...) runs 1325056 B (5% more) and "
-                   "its own warning says 1.26 MiB: `_other_order` differentiates order A's cleaned forward, B f as "
-                   "written (254 vs 278 equations, 66560 B apart in every candidate)")
 def test_normed_claim_matches_the_other_orders_own_number():
-    """`_normed` at 25%: 0.10.2 1652736 / 1586176 / 1325056 / 1258291 (named, 0.950x); JAX 0.12 1652736 / 589824 /
-    721920 / unnamed (right: B is worse)."""
+    """`_normed` at 25%: 0.10.2 1652736 / 1586176 / 1325056 / 1321206 (named, 0.997x); JAX 0.12 1652736 / 589824 /
+    721920 / unnamed (right: B is worse). Finding C, fixed in session 22: on 0.10.2 the claim was 1258291 B (0.950x):
+    `_other_order` differentiated order A's cleaned forward, where B differentiates f as written (254 vs 278
+    equations, 66560 B apart in every candidate); it now differentiates the program as traced."""
     plain, _, a, b, msgs = _both_orders(jax.grad, _normed, 0.25, *_args())
     _check_named_rightly(a, b, msgs)
 
@@ -290,11 +288,11 @@ def test_has_aux_other_order_claim_is_has_aux_programs(aux_wide):
     _check_named_rightly(r["a"], r["b"], r["msgs"])
 
 
-@pytest.mark.xfail(strict=True, reason="finding B: under has_aux the warning says 'the gradient of its first argument "
-                   "(what jax.grad takes by default) ... takes 2.57 MiB' without recomputation; jax.grad(f, "
-                   "has_aux=True) takes 1.58 MiB: the number is the program with output #1 (the aux metric) as the "
-                   "loss, and `choose` does not say so (the loop path's words 'with output #1 as the loss' are dropped)")
 def test_has_aux_warning_says_which_output_it_quotes(aux_wide):
+    """Finding B, fixed in session 22: under has_aux the warning said 'the gradient of its first argument (what
+    jax.grad takes by default) ... takes 2.57 MiB' without recomputation, where jax.grad(f, has_aux=True) takes
+    1.58 MiB: the number is the program with output #1 (the aux metric) as the loss, and `choose` dropped the
+    words that say so ('with output #1 as the loss')."""
     r = aux_wide
     quoted = _plain_quote(r["msgs"])
     assert quoted is not None, r["msgs"]           # (the premise: a budget at 25% is unmet and said)
@@ -337,10 +335,11 @@ def test_vmap_other_order_claim_is_reachable():
     _check_named_rightly(a, b, msgs)
 
 
-@pytest.mark.xfail(strict=True, reason="finding F: jax.vmap(optimize(jax.grad(f), memory=N)) runs the batched "
-                   "gradient (1266688 B, plain's) against N = 633344 B without a word: `recompute_choice` measures one "
-                   "example's program (`cost.batched_gradient` is set only for grad-then-vmap uses)")
 def test_gradient_first_under_vmap_budget():
+    """Finding F, fixed in session 22: jax.vmap(optimize(jax.grad(f), memory=N)) ran the batched gradient (1266688 B,
+    plain's) against N = 633344 B without a word: `recompute_choice` measured one example's program
+    (`cost.batched_gradient` was set only for grad-then-vmap uses). Now it plans the batched program: 939008 B, and
+    says the budget is unmet, batched over 4 examples."""
     p, k = _weights()
     x = jax.random.normal(k, (4, 64, 64))
     plain = temp(jax.vmap(jax.grad(_normed), in_axes=(None, 0)), p, x)
@@ -351,7 +350,8 @@ def test_gradient_first_under_vmap_budget():
         got, c = _compiled(o, p, x)
     _close(c(p, x), jax.vmap(jax.grad(_normed), in_axes=(None, 0))(p, x))
     assert got <= plain
-    assert got <= budget or any("cannot fit" in str(w.message) for w in said), (got, budget, plain)
+    assert got <= budget or any("cannot fit" in str(w.message) and "batched over 4 examples" in str(w.message)
+                                for w in said), (got, budget, plain, [str(w.message) for w in said])
 
 
 # ---- finding G: value_and_grad (documented as left) ---------------------------------------------------------------
@@ -366,11 +366,10 @@ def _mlp_loss(params, batch):
     return jnp.mean((h - y) ** 2)
 
 
-@pytest.mark.xfail(not NEW, strict=True, reason="finding G (documented as left, docs/remat.md session 20): "
-                   "jax.value_and_grad(optimize(f, memory=25%)) runs 1572864 B on JAX 0.10.2 and "
-                   "optimize(jax.value_and_grad(f), ...) 1310720 B (17% less), unnamed: the comparison is on "
-                   "jax.grad's program (1.25 MiB either way)")
 def test_value_and_grad_names_the_better_order():
+    """Finding G (docs/remat.md session 20), fixed in session 22: jax.value_and_grad(optimize(f, memory=25%)) runs
+    1572864 B on JAX 0.10.2 and optimize(jax.value_and_grad(f), ...) 1310720 B (17% less), unnamed: the comparison
+    was on jax.grad's program (1.25 MiB either way). `_other_order` now judges value_and_grad's program too."""
     r = np.random.RandomState(0)
     params = [(jnp.asarray(r.randn(512, 512) * 0.05, np.float32), jnp.zeros(512, np.float32)) for _ in range(4)]
     batch = (jnp.asarray(r.randn(128, 512), np.float32), jnp.asarray(r.randn(128, 512), np.float32))

@@ -333,5 +333,6 @@ def test_the_other_orders_estimate_budgets_a_cleaned_gradient(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         jax.jit(jax.grad(jaxform.optimize(loss, memory=1))).lower(p, x)     # (1 byte: unmet, the other order asked)
-    assert len(seen) == 1
-    assert len(run_passes(seen[0], ["cse", "dce"]).jaxpr.eqns) == len(seen[0].jaxpr.eqns)
+    # (jax.grad's program, then jax.value_and_grad's where this order's takes more: round 21's G, session 22)
+    assert 1 <= len(seen) <= 2
+    assert all(len(run_passes(s, ["cse", "dce"]).jaxpr.eqns) == len(s.jaxpr.eqns) for s in seen)
