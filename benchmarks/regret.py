@@ -14,7 +14,8 @@ program's calls back to back for SAMPLE_SECONDS; candidates that lower to the sa
                   beyond the planner's own resolution, 4 KiB or 1%, whichever is more); a
                   kept pass that halves memory is reversed beyond the 1.10 the planner allows it
                   (`planner.MEMORY_WIN_TIME`), not 1.05, and one that gives memory back (up to plain's)
-                  only where it is measured less than the planner's GIVE_BACK_MEASURED (1.25x) faster
+                  only where it is measured less faster than the planner's price for that share of the win
+                  (`planner.give_back_price`: GIVE_BACK_MEASURED, 1.25x, for all of it)
 A failing ratio is repeated before it is believed: the programs it rests on are timed again (`CONFIRM`
 rounds, interleaved), each keeping its minimum over those rounds alone (the first pass screens: the fastest
 of many candidates is partly the one whose noise ran lowest).
@@ -42,7 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxform                                              # noqa: E402
 from jaxform.inspect.program import min_time                # noqa: E402
 from jaxform.passes import DEFAULT                          # noqa: E402
-from jaxform.plan.planner import GIVE_BACK_MEASURED, MEMORY_WIN, MEMORY_WIN_TIME, _more  # noqa: E402
+from jaxform.plan.planner import (MEMORY_WIN, MEMORY_WIN_TIME, _more, give_back_price,  # noqa: E402
+                                  share_given_back)
 from regret_programs import programs                        # noqa: E402
 
 ALWAYS = ["inline", "cse", "dce"]
@@ -242,12 +244,13 @@ def verdicts(res: dict, cands: dict, decisions: list, memory: str | None = None)
         ratio = tw / two
         # the planner's own rule: a rewrite that halves some memory may cost MEMORY_WIN_TIME (its 1.10x)
         allowed = MEMORY_WIN_TIME if mw * MEMORY_WIN <= mwo and mw < mwo else NOISE
-        # ... and memory an earlier pass won may be given back, up to plain's, for a measured GIVE_BACK_MEASURED
-        # (fission_sincos' forward: 1.40x faster at plain's 7.8 MiB where fusion alone took 16 KiB)
+        # ... and memory an earlier pass won may be given back, up to plain's, for a measured speedup priced by the
+        # share of the win given back (fission_sincos' forward: all of it, 1.40x faster at plain's 7.8 MiB where
+        # fusion alone took 16 KiB; plan.masked's gradient: 6% of remat's win, 1.2x faster)
         # growth is what the planner calls growth (`_more`: beyond MEMORY_SLACK, a page, or 1%, whichever is more;
         # hoisting's 144 B into `plan.kalman`'s 8 KiB gradient, "no bigger" to the planner, was a reversal here)
         grows = _more(mwo, mw) and not (
-            mw <= plain[1] * 1.01 and ratio * GIVE_BACK_MEASURED * (1 - NOISE) <= 1)
+            mw <= plain[1] * 1.01 and ratio * give_back_price(share_given_back(plain[1], mwo, mw)) * (1 - NOISE) <= 1)
         if d.kept and (ratio > 1 + allowed or grows) or \
                 not d.kept and ratio < 1 - NOISE and mw <= mwo * 1.01:
             rev.append(d.pass_name)

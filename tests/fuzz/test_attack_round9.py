@@ -447,14 +447,18 @@ def test_straight_line_budget_with_argnums_and_closure_scheduler_flag():
 
 # ---- change 4 ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("speedup, kept", [(1.2, False), (1.3, True)])
-def test_memory_won_is_given_back_only_for_a_measured_1_25x(speedup, kept):
-    """Memory an earlier pass won (100 KiB of a traced program's 400 KiB) is spent again (to 300 KiB) only
-    for GIVE_BACK_MEASURED = 1.25x measured: 1.2x (which passed at 1.10) no longer does."""
+@pytest.mark.parametrize("back, speedup, kept", [(300_000, 1.2, False), (300_000, 1.3, True),
+                                                  (400_000, 1.24, False), (400_000, 1.26, True),
+                                                  (118_000, 1.03, False), (118_000, 1.10, True)])
+def test_memory_won_is_given_back_only_for_a_measured_1_25x(back, speedup, kept):
+    """Memory an earlier pass won (100 KiB of a traced program's 400 KiB) is spent again (to `back`) only for a
+    measured speedup: GIVE_BACK_MEASURED = 1.25x for all of it; 1.2x (which passed at 1.10) does not buy 2/3 of it
+    (1.20x would). Since session 22 a small share costs less (`planner.give_back_price`, by its square root): 6% of
+    the win for 1.06x (`plan.masked`'s gradient: fission giving back 6% of remat's win, 1.2x faster)."""
     fwd = Use()
     plain = Cost((ViewCost("forward", 400_000, 1.0, "XLA", "measured"),))
     before = Cost((ViewCost("forward", 100_000, 1.0, "XLA", "measured"),))
-    after = Cost((ViewCost("forward", 300_000, 1.0 / speedup, "XLA", "measured"),))
+    after = Cost((ViewCost("forward", back, 1.0 / speedup, "XLA", "measured"),))
     keep, why = judge(plain, before, after, memory_pass=False, memory=None, use=fwd)
     assert keep == kept, why
     assert planner.GIVE_BACK_MEASURED == 1.25

@@ -128,16 +128,22 @@ def test_a_fused_loss_judged_with_remat_reads_the_gradient_grad_runs(monkeypatch
     """A fused loss that grows the gradient alone is judged again with loop memory planning to come
     (`after_memory_planning`), and then timed as a memory pass is: in the gradient `jax.grad` runs, not in
     `jax.value_and_grad`'s, whose one noisy reading refused rnn_mse's fused loss + remat (412 KiB where remat
-    alone kept 810 KiB, regret.py). The faked machine says the value-returned program is slower."""
+    alone kept 810 KiB, regret.py). The faked machine says the value-returned program is slower. Since session 22
+    no value-returned program is timed at all (`_Costs.pair`: `jax.grad`'s pair stands for it), so the fused loss is
+    kept alone on the gradient `jax.grad` runs."""
+    valued = []
+
     def seconds(before, after, budget, example_args=None):
         budget.timed += 1      # (the value-returned program has the value as one more output)
+        valued.append(len(after.out_avals) == 2)
         return (1.0, 1.3) if len(after.out_avals) == 2 else (1.0, 0.95)
     monkeypatch.setattr(measure, "seconds", seconds)
     fn, args = PROGRAMS["rnn_mse"]
     o = jaxform.optimize(fn)
     got = temp(jax.grad(o), *args)
     (fuse,) = [d for d in o.decisions() if planner.base_name_of(d) == "fuse_scan_reductions"]
-    assert fuse.kept and "once loop memory planning has run" in fuse.why, fuse
+    assert fuse.kept, fuse
+    assert valued and not any(valued), valued
     fused_remat = jaxform.optimize(fn, passes=["inline", "cse", "fuse_scan_reductions", "dce"], memory="auto",
                                    plan=False)
     remat_only = jaxform.optimize(fn, passes=["inline", "cse", "dce"], memory="auto", plan=False)
