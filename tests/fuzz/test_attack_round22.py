@@ -98,22 +98,23 @@ def _a(*shape, k=0.3, seed=0, dtype=jnp.float32):
 
 # ---- programs ---------------------------------------------------------------------------------------------
 
-def _rgru(w, xs):
-    """tests/plan/programs.py's reverse_gru: fission moves tanh(x) and the `+ x` out of the loop."""
+def _gru_cell(w):
     def cell(h, x):
         z = jax.nn.sigmoid(h @ w + x)
         h = (1 - z) * h + z * jnp.tanh(x)
         return h, h
-    _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:], xs.dtype), xs, reverse=True)
+    return cell
+
+
+def _rgru(w, xs):
+    """tests/plan/programs.py's reverse_gru: fission moves tanh(x) and the `+ x` out of the loop."""
+    _, ys = lax.scan(_gru_cell(w), jnp.zeros(xs.shape[1:], xs.dtype), xs, reverse=True)
     return jnp.mean(ys ** 2)
 
 
 def _two(w, xs):
     """Two chained scans: fission is judged one loop at a time (`loop_by_loop`), each judged again."""
-    def cell(h, x):
-        z = jax.nn.sigmoid(h @ w + x)
-        h = (1 - z) * h + z * jnp.tanh(x)
-        return h, h
+    cell = _gru_cell(w)
     _, ys = lax.scan(cell, jnp.zeros(xs.shape[1:], xs.dtype), xs, reverse=True)
     _, zs = lax.scan(cell, jnp.zeros(xs.shape[1:], xs.dtype), ys)
     return jnp.mean(zs ** 2) + jnp.mean(ys)
