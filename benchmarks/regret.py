@@ -14,7 +14,7 @@ program's calls back to back for SAMPLE_SECONDS; candidates that lower to the sa
                   beyond the planner's own resolution, 4 KiB or 1%, whichever is more); a
                   kept pass that halves memory is reversed beyond the 1.10 the planner allows it
                   (`planner.MEMORY_WIN_TIME`), not 1.05, and one that gives memory back (up to plain's)
-                  only where it is measured less faster than the planner's price for that share of the win
+                  only where its measured speedup is under the planner's price for that share of the win
                   (`planner.give_back_price`: GIVE_BACK_MEASURED, 1.25x, for all of it)
 A failing ratio is repeated before it is believed: the programs it rests on are timed again (`CONFIRM`
 rounds, interleaved), each keeping its minimum over those rounds alone (the first pass screens: the fastest
