@@ -405,20 +405,28 @@ def _other_order(closed, memory, reached: int, reached_valued: int | None = None
     Not for a function with several outputs: which one `jax.grad(f, has_aux=True)` takes for the loss is not
     known here (a dict's loss flattens anywhere), and the VJP of every output is not that program (claims 1.74x
     off, and an order 10% worse named: round 21's A); nor for a gradient w.r.t. values `f` closes over, which
-    `jax.grad(f)` cannot take; nor per-example gradients (`jax.vmap(jax.grad(...))`): the other order under
-    `jax.vmap` plans one example's program and ran plain's bytes, 27% over the claim (round 21's E). Under
-    argnums other than the default, the advice keeps them (round 21's D).
+    `jax.grad(f)` cannot take. Per-example gradients (`jax.vmap(jax.grad(...))`) are claimed batched: until
+    session 22 the other order under `jax.vmap` planned one example's program and ran plain's bytes, 27% over the
+    claim (round 21's E), so nothing was claimed there. Under argnums other than the default, the advice keeps
+    them (round 21's D).
     `reached_valued`: what this order's `jax.value_and_grad` program takes, where it takes more than `reached`:
     then the other order is also judged as `optimize(jax.value_and_grad(f), ...)` runs it (the MLP at 25%:
     1.50 MiB this way, 1.25 MiB that way, unnamed where both `jax.grad` programs took 1.25; round 21's G)."""
     asked = cost.asked_gradient() or ""
-    if aux_losses(closed) or asked == cost.ASKED_CLOSED_OVER or cost.batched_gradient() is not None:
+    if aux_losses(closed) or asked == cost.ASKED_CLOSED_OVER:
         return ""
     grad = "jax.grad(f, argnums=...) (with your argnums)" if asked else "jax.grad(f)"
     said = _other_reaches(closed, memory, reached, False, grad)
     if not said and reached_valued is not None and reached_valued > reached:
         said = _other_reaches(closed, memory, reached_valued, True, grad.replace("jax.grad", "jax.value_and_grad"))
     return said
+
+
+def _advised(gradient: str, memory) -> str:
+    """The other order as the user writes it: under per-example gradients, inside their `jax.vmap` (which since
+    session 22 plans the batched program: round 21's E and F)."""
+    call = f"optimize({gradient}, memory={memory!r})"
+    return f"jax.vmap({call}) (with your in_axes)" if cost.batched_gradient() is not None else call
 
 
 def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str) -> str:
@@ -438,7 +446,7 @@ def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str
     if choice is None or choice[2] > ORDERS_APART * reached:
         return ""
     program = f" in jax.value_and_grad's program, where this order's takes {_mib(reached)}" if with_value else ""
-    return (f" The other order, optimize({gradient}, memory={memory!r}), reaches {_mib(choice[2])} here{program} "
+    return (f" The other order, {_advised(gradient, memory)}, reaches {_mib(choice[2])} here{program} "
             f"(XLA measured; {describe(choice[0])}): use that one (docs/remat.md, both orders).")
 
 

@@ -319,8 +319,9 @@ def test_argnums_advice_keeps_argnums():
 def test_vmap_other_order_claim_is_reachable():
     """`_single` per example (4 x 64 rows) at 25% of the batched plain: 0.12 1332224 / 1332224 / 1332224 / 1048576;
     0.10.2 the same bytes, unnamed (right). Finding E, fixed in session 21: JAX 0.12 named the other order at
-    1.00 MiB (the batched estimate), but jax.vmap(optimize(jax.grad(f), memory=...)) plans one example and runs
-    plain's 1332224 B; per-example gradients name no other order now."""
+    1.00 MiB (the batched estimate), but jax.vmap(optimize(jax.grad(f), memory=...)) planned one example and ran
+    plain's 1332224 B; per-example gradients named no other order then. Since session 22 that order plans the
+    batched program (finding F) and runs 1048576 B on 0.12: it is named again, as jax.vmap(optimize(...))."""
     p, k = _weights(wide=True)
     x = jax.random.normal(k, (4, 64, 64))
     d = lambda f: jax.vmap(jax.grad(f), in_axes=(None, 0))  # noqa: E731
