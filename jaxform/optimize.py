@@ -170,9 +170,8 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
     # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient; so it is for a program
     # run under jax.vmap as it is, jax.vmap(optimize(jax.grad(f), memory=N)) (its own temp, batched: fitted to one
     # example's, it ran plain's 1266688 B against N = 633344 B without a word, round 21's F)
-    batch = use.steps[1] if known and len(use.steps) > 1 and use.steps[1][0] == "vmap" else \
-        use.steps[0] if use is not None and use.known and use.steps and isinstance(use.steps[0], tuple) and \
-        use.steps[0][0] == "vmap" else None
+    steps, at = (use.steps if use is not None and use.known else ()), (1 if known else 0)   # (after the gradient)
+    batch = steps[at] if len(steps) > at and isinstance(steps[at], tuple) and steps[at][0] == "vmap" else None
     behind_jit = use is not None and not use.known
     with _plan.cost.first_argument_is(first, asked, known, behind_jit), \
             _plan.cost.gradient_batched(*(batch[1:] if batch else (None, None))), \

@@ -317,16 +317,16 @@ def choose(closed, memory, asked: str | None = None):
     # traced under the gradient (`cost.gradient_known`): that one is all this trace runs, the only one compiled
     measure = user_grad_temp if cost.gradient_known() and _first_argument_floats(closed) else xla_grad_temp
     base = cost.traced_baseline(closed)    # (plain: the program as traced, where only cleanups came before)
-    plain = measure(base)
+    plain, quoted = user_grad_run(base) if measure is user_grad_temp else (measure(base), "")
     if plain is None:
         return None
-    plain_user = first_argument_grad_temp(base) if measure is xla_grad_temp else None
+    plain_user, user_words = first_argument_grad_run(base) if measure is xla_grad_temp else (None, "")
     user = (lambda prog, m: first_argument_grad_temp(prog)) if plain_user is not None else (lambda prog, m: m)
-    first_argument = measure is user_grad_temp or plain_user is not None     # (the number quoted is its)
+    quoted = quoted if plain_user is None else user_words
     plain_user = plain if plain_user is None else plain_user
-    # (where that number is a has_aux program's, the output it takes for the loss is named: the warning quoted
+    # (where the number quoted is a has_aux program's, the output it takes for the loss is named: the warning quoted
     # output #1's 2.57 MiB as "the gradient of its first argument" where the user's loss ran 1.58, round 21's B)
-    subject = _subject() + (user_grad_run(base)[1] if first_argument else "")
+    subject = _subject() + quoted
     budget = not isinstance(memory, str)
     if budget and plain <= memory and plain_user <= memory and value_and_grad_temp(base) <= memory:
         return None
@@ -473,17 +473,18 @@ def _subject() -> str:
     """How warnings name the gradient they quote: the one `jax.grad(f)` takes by default where `optimize`
     told the planner which inputs are the first argument, else the gradient w.r.t. every float input."""
     wrt = cost.first_argument()
-    batched = cost.batched_gradient()
     return (cost.asked_gradient() or ("the gradient of its first argument (what jax.grad takes by default)" if wrt
-                                      else "this program's gradient (w.r.t. every float input)")) + \
-        (f", batched over {batched[1]} examples (jax.vmap)" if batched else "")
+                                      else "this program's gradient (w.r.t. every float input)")) + _batched_words()
 
 
 def _own_subject() -> str:
     """How warnings name a gradient program's own temp (`budget_is_own`), batched where it runs under `jax.vmap`."""
+    return "this gradient program's own memory" + _batched_words()
+
+
+def _batched_words() -> str:
     batched = cost.batched_gradient()
-    return "this gradient program's own memory" + (f", batched over {batched[1]} examples (jax.vmap)" if batched
-                                                   else "")
+    return f", batched over {batched[1]} examples (jax.vmap)" if batched else ""
 
 
 def user_grad_temp(closed) -> int | None:
@@ -505,10 +506,15 @@ def _first_argument_floats(closed) -> list:
 def first_argument_grad_temp(closed) -> int | None:
     """XLA temp of the gradient `jax.grad(f)` takes by default (the first argument's floats), where
     `optimize` told the planner which inputs those are and they are not all of them; else None."""
+    return first_argument_grad_run(closed)[0]
+
+
+def first_argument_grad_run(closed) -> tuple[int | None, str]:
+    """`first_argument_grad_temp`, and the words naming the program (`gradient_runs`); (None, "")."""
     floats = _first_argument_floats(closed)
     if not floats or len(floats) == sum(jax.numpy.issubdtype(a.dtype, np.inexact) for a in closed.in_avals):
-        return None
-    return _most(closed, floats, False)[0]
+        return None, ""
+    return _most(closed, floats, False)
 
 
 def value_and_grad_temp(closed) -> int:

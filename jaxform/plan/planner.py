@@ -479,8 +479,8 @@ class _Costs:
         for k, (b, a) in enumerate(zip(bv, av)):
             if b.seconds is None or a.seconds is None:
                 continue
-            twin = names.index(b.view[:-len(WITH_VALUE)]) if b.view.endswith(WITH_VALUE) and \
-                b.view[:-len(WITH_VALUE)] in names else None
+            grad_view = b.view[:-len(WITH_VALUE)] if b.view.endswith(WITH_VALUE) else None
+            twin = names.index(grad_view) if grad_view in names else None
             if twin is not None and bv[twin].time_from == av[twin].time_from == "measured":
                 # `jax.value_and_grad`'s program does `jax.grad`'s work and returns the value it computes anyway:
                 # the pair timed there stands for it (timing both, an LSTM LM's 0.7 s gradients, took 7 s a pair;
