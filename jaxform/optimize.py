@@ -179,6 +179,18 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
         yield
 
 
+def _loss_and_aux(out_tree, closed) -> bool:
+    """Whether `fn` returns what `jax.grad(fn, has_aux=True)` takes: a pair (tuple or list) whose first element
+    is one float scalar, output 0 (`cost.returns_loss_and_aux`)."""
+    try:
+        shape = jax.tree_util.tree_unflatten(out_tree, range(out_tree.num_leaves))
+    except Exception:  # noqa: BLE001 - a custom node that cannot hold indices: not claimed
+        return False
+    out = closed.out_avals
+    return isinstance(shape, (tuple, list)) and len(shape) == 2 and isinstance(shape[0], int) and \
+        shape[0] == 0 and bool(out) and out[0].shape == () and jax.numpy.issubdtype(out[0].dtype, jax.numpy.floating)
+
+
 def _pipeline(passes, exact: bool) -> list:
     if passes is None:
         return _passes.default_pipeline(exact)
@@ -328,7 +340,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         traced = [c for c in closed.consts if isinstance(c, _jax.Tracer)]
         if traced and not closed.jaxpr.effects:
             return _build_open(closed, traced, out_tree)
-        with _jax.classic_loops():
+        with _jax.classic_loops(), _plan.cost.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
             chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=args_leaves[0] if args_leaves else None, use=use)
         decisions[:] = chosen.decisions
@@ -353,7 +365,8 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         batch = _plan.cost.batched_gradient()     # the values closed over are not batched
         batch = (None, None) if batch is None else ((None,) * n + batch[0], batch[1])
         with _plan.cost.first_argument_is(first, asked, known, behind_jit), _plan.cost.arguments_are(groups), \
-                _plan.cost.gradient_batched(*batch), _jax.classic_loops():
+                _plan.cost.gradient_batched(*batch), _jax.classic_loops(), \
+                _plan.cost.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
             chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=None, use=use2)
         decisions[:] = chosen.decisions

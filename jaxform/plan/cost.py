@@ -232,6 +232,22 @@ def batched_gradient():
     return _BATCHED.get()
 
 
+_LOSS_AND_AUX: contextvars.ContextVar = contextvars.ContextVar("jaxform_loss_and_aux", default=False)
+
+
+@contextlib.contextmanager
+def returns_loss_and_aux(pair: bool):
+    """`optimize` tells the planner that the function returns what `jax.grad(f, has_aux=True)` takes: a pair
+    whose first element is one float scalar. Then that gradient's loss is output 0, and the other order can be
+    named for it (round 21's A2: a dict's loss flattens anywhere, a pair's first)."""
+    with _setting(_LOSS_AND_AUX, bool(pair)):
+        yield
+
+
+def loss_and_aux() -> bool:
+    return _LOSS_AND_AUX.get()
+
+
 _ARGUMENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_arguments", default=())
 
 

@@ -376,7 +376,7 @@ def choose(closed, memory, asked: str | None = None):
         least = min(((*s[:3], cost.estimate(s[1], grad=True).grad_seconds or 0.0, s[4]) for s in ties),
                     key=lambda s: s[3])
     if memory == "min":
-        other = _other_order(base, memory, least[4])
+        other = _other_order(base, memory, least[4], chosen=least[1])
         if other:       # nothing to say where this order reaches the least (within 10%)
             warnings.warn(f"jaxform: memory='min' brings {subject} to {_mib(least[4])} with {describe(least[0])}."
                           + other, stacklevel=user_stacklevel())
@@ -392,33 +392,45 @@ def choose(closed, memory, asked: str | None = None):
                  f"the program is left as it is, its gradient stays at {_mib(plain_user)} (a saving under "
                  f"{MIN_SAVING:.0%} is not worth the recomputation).") +
                 _other_order(base, memory, least[4] if useful else plain_user,    # (what this order runs)
-                             mv if useful else value_and_grad_temp(base)),
+                             mv if useful else value_and_grad_temp(base), chosen=least[1] if useful else None),
                 subject=subject, helped=useful, traced=base is not closed)
     return least[:4] if useful else None
 
 
-def _other_order(closed, memory, reached: int, reached_valued: int | None = None) -> str:
+def _other_order(closed, memory, reached: int, reached_valued: int | None = None, chosen=None) -> str:
     """Where this order falls short (a budget unmet, or "min"), what the other one reaches, measured: the
     gradient program (`jax.grad`'s, the first argument's where known) with its residuals recomputed in its
     backward (`recompute_choice`). Said only where it is 10% less than `reached` (issue 38: the LM at 25%
     reached 23.00 MiB this way and 18.07 MiB the other).
-    Not for a function with several outputs: which one `jax.grad(f, has_aux=True)` takes for the loss is not
-    known here (a dict's loss flattens anywhere), and the VJP of every output is not that program (claims 1.74x
-    off, and an order 10% worse named: round 21's A); nor for a gradient w.r.t. values `f` closes over, which
-    `jax.grad(f)` cannot take. Per-example gradients (`jax.vmap(jax.grad(...))`) are claimed batched: until
-    session 22 the other order under `jax.vmap` planned one example's program and ran plain's bytes, 27% over the
-    claim (round 21's E), so nothing was claimed there. Under argnums other than the default, the advice keeps
-    them (round 21's D).
+    A function with several outputs is claimed only where it returns what `jax.grad(f, has_aux=True)` takes
+    (`cost.loss_and_aux`: a pair, a float scalar first): that program, output 0 the loss, against what this
+    order's `chosen` program (None: `closed` as it is) takes with that loss, not the most of any output's. A
+    dict's loss flattens anywhere, and the VJP of every output is not the has_aux program (claims 1.74x off,
+    and an order 10% worse named: round 21's A). Not for a gradient w.r.t. values `f` closes over, which
+    `jax.grad(f)` cannot take. Per-example gradients (`jax.vmap(jax.grad(...))`) are claimed batched (round
+    21's E and F). Under argnums other than the default, the advice keeps them (round 21's D).
     `reached_valued`: what this order's `jax.value_and_grad` program takes, where it takes more than `reached`:
     then the other order is also judged as `optimize(jax.value_and_grad(f), ...)` runs it (the MLP at 25%:
     1.50 MiB this way, 1.25 MiB that way, unnamed where both `jax.grad` programs took 1.25; round 21's G)."""
     asked = cost.asked_gradient() or ""
-    if aux_losses(closed) or asked == cost.ASKED_CLOSED_OVER:
+    if asked == cost.ASKED_CLOSED_OVER:
         return ""
-    grad = "jax.grad(f, argnums=...) (with your argnums)" if asked else "jax.grad(f)"
-    said = _other_reaches(closed, memory, reached, False, grad)
+    outs = None
+    if aux_losses(closed):
+        if not cost.loss_and_aux() or 0 not in aux_losses(closed):
+            return ""
+        outs, ran, wrt = (0,), closed if chosen is None else chosen, _first_argument_floats(closed) or None
+        reached = _xla_temp(_gradient(ran, wrt, outs=outs))
+        if reached is None:
+            return ""
+        if reached_valued is not None:
+            reached_valued = _xla_temp(_gradient(ran, wrt, True, outs=outs))
+    flags = ", has_aux=True" if outs else ""
+    grad = f"jax.grad(f, argnums=...{flags}) (with your argnums)" if asked else f"jax.grad(f{flags})"
+    said = _other_reaches(closed, memory, reached, False, grad, outs)
     if not said and reached_valued is not None and reached_valued > reached:
-        said = _other_reaches(closed, memory, reached_valued, True, grad.replace("jax.grad", "jax.value_and_grad"))
+        said = _other_reaches(closed, memory, reached_valued, True, grad.replace("jax.grad", "jax.value_and_grad"),
+                              outs)
     return said
 
 
@@ -429,10 +441,10 @@ def _advised(gradient: str, memory) -> str:
     return f"jax.vmap({call}) (with your in_axes)" if cost.batched_gradient() is not None else call
 
 
-def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str) -> str:
-    """`_other_order` for one of the two gradient programs (`jax.grad`'s, or with its value returned):
-    the other order's least, said where it is 10% under `reached`, else ""."""
-    gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None, with_value=with_value)
+def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str, outs=None) -> str:
+    """`_other_order` for one of the two gradient programs (`jax.grad`'s, or with its value returned; `outs`
+    (0,): has_aux's, output 0 the loss): the other order's least, said where it is 10% under `reached`, else ""."""
+    gp = cost.gradient_program(closed, wrt=_first_argument_floats(closed) or None, with_value=with_value, outs=outs)
     if gp is None:
         return ""
     # ... after the cleanups that order runs first: CSE merges what JAX's JVP and transpose recompute, and moves
@@ -445,7 +457,9 @@ def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str
         # trace's use: under jax.grad `budget_is_own` says no, and from 815f0e5 to session 20 nothing was named)
     if choice is None or choice[2] > ORDERS_APART * reached:
         return ""
-    program = f" in jax.value_and_grad's program, where this order's takes {_mib(reached)}" if with_value else ""
+    program = (" in jax.value_and_grad's program" if with_value else "") + \
+        (" with output #0 as the loss (has_aux=True's, if that is your loss)" if outs else "")
+    program += f", where this order's takes {_mib(reached)}" if program else ""
     return (f" The other order, {_advised(gradient, memory)}, reaches {_mib(choice[2])} here{program} "
             f"(XLA measured; {describe(choice[0])}): use that one (docs/remat.md, both orders).")
 
