@@ -15,7 +15,8 @@ program's calls back to back for SAMPLE_SECONDS; candidates that lower to the sa
                   kept pass that halves memory is reversed beyond the 1.10 the planner allows it
                   (`planner.MEMORY_WIN_TIME`), not 1.05, and one that gives memory back (up to plain's)
                   only where its measured speedup is under the planner's price for that share of the win
-                  (`planner.give_back_price`: GIVE_BACK_MEASURED, 1.25x, for all of it)
+                  (`planner.give_back_price`: GIVE_BACK_MEASURED, 1.25x, for all of it, or for a give-back that
+                  doubles the memory)
 A failing ratio is repeated before it is believed: the programs it rests on are timed again (`CONFIRM`
 rounds, interleaved), each keeping its minimum over those rounds alone (the first pass screens: the fastest
 of many candidates is partly the one whose noise ran lowest).
@@ -250,7 +251,8 @@ def verdicts(res: dict, cands: dict, decisions: list, memory: str | None = None)
         # growth is what the planner calls growth (`_more`: beyond MEMORY_SLACK, a page, or 1%, whichever is more;
         # hoisting's 144 B into `plan.kalman`'s 8 KiB gradient, "no bigger" to the planner, was a reversal here)
         grows = _more(mwo, mw) and not (
-            mw <= plain[1] * 1.01 and ratio * give_back_price(share_given_back(plain[1], mwo, mw)) * (1 - NOISE) <= 1)
+            mw <= plain[1] * 1.01 and
+            ratio * give_back_price(share_given_back(plain[1], mwo, mw), mw / max(mwo, 1)) * (1 - NOISE) <= 1)
         if d.kept and (ratio > 1 + allowed or grows) or \
                 not d.kept and ratio < 1 - NOISE and mw <= mwo * 1.01:
             rev.append(d.pass_name)

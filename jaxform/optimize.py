@@ -169,19 +169,37 @@ def planning_contexts(args: tuple, positions: Sequence[int], use):
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     # per-example gradients, jax.vmap(jax.grad(f)): a budget is for the batched gradient; so it is for a program
     # run under jax.vmap as it is, jax.vmap(optimize(jax.grad(f), memory=N)) (its own temp, batched: fitted to one
-    # example's, it ran plain's 1266688 B against N = 633344 B without a word, round 21's F)
-    steps, at = (use.steps if use is not None and use.known else ()), (1 if known else 0)   # (after the gradient)
-    batch = steps[at] if len(steps) > at and isinstance(steps[at], tuple) and steps[at][0] == "vmap" else None
+    # example's, it ran plain's 1266688 B against N = 633344 B without a word, round 21's F); every vmap of a
+    # nest (round 23's C); and jax.grad of a batched loss, the vmap first, is the gradient of the batched program
+    # (round 23's D)
+    steps = use.steps if use is not None and use.known else ()
+    batch = _vmaps(steps[1:] if known else steps)
+    before = not known and bool(batch) and len(steps) > len(batch) and isinstance(steps[len(batch)], tuple) and \
+        steps[len(batch)][0] == "grad"
+    if before:
+        wrt, known = steps[len(batch)][1], True
+        if first is None or set(wrt) != set(first):
+            first, asked = wrt, _plan.cost.ASKED_ARGNUMS
     behind_jit = use is not None and not use.known
     with _plan.cost.first_argument_is(first, asked, known, behind_jit), \
-            _plan.cost.gradient_batched(*(batch[1:] if batch else (None, None))), \
+            _plan.cost.gradient_batched(batch, before), \
             _plan.cost.arguments_are(range(a, a + n) for a, n in zip(starts, sizes) if n):
         yield
 
 
+def _vmaps(steps) -> list:
+    """The (in_axes, size) of the `jax.vmap` steps `steps` starts with, innermost first."""
+    out = []
+    for s in steps:
+        if not (isinstance(s, tuple) and s[0] == "vmap"):
+            break
+        out.append(s[1:])
+    return out
+
+
 def _loss_and_aux(out_tree, closed) -> bool:
     """Whether `fn` returns what `jax.grad(fn, has_aux=True)` takes: a pair (tuple or list) whose first element
-    is one float scalar, output 0 (`cost.returns_loss_and_aux`)."""
+    is one float scalar, output 0 (`plan.use.returns_loss_and_aux`)."""
     try:
         shape = jax.tree_util.tree_unflatten(out_tree, range(out_tree.num_leaves))
     except Exception:  # noqa: BLE001 - a custom node that cannot hold indices: not claimed
@@ -340,7 +358,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         traced = [c for c in closed.consts if isinstance(c, _jax.Tracer)]
         if traced and not closed.jaxpr.effects:
             return _build_open(closed, traced, out_tree)
-        with _jax.classic_loops(), _plan.cost.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
+        with _jax.classic_loops(), _plan.use.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
             chosen = _plan.plan(closed, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=args_leaves[0] if args_leaves else None, use=use)
         decisions[:] = chosen.decisions
@@ -363,10 +381,10 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
         behind_jit = _plan.cost.gradient_behind_jit() and not known
         groups = [range(0, n)] + [range(r.start + n, r.stop + n) for r in _plan.cost.arguments()]
         batch = _plan.cost.batched_gradient()     # the values closed over are not batched
-        batch = (None, None) if batch is None else ((None,) * n + batch[0], batch[1])
+        batch = ((), False) if batch is None else ([((None,) * n + axes, size) for axes, size in batch[0]], batch[1])
         with _plan.cost.first_argument_is(first, asked, known, behind_jit), _plan.cost.arguments_are(groups), \
                 _plan.cost.gradient_batched(*batch), _jax.classic_loops(), \
-                _plan.cost.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
+                _plan.use.returns_loss_and_aux(_loss_and_aux(out_tree, closed)):
             chosen = _plan.plan(opened, pipeline, memory=memory, strict=strict, where=name, tune=tune,
                                 example_args=None, use=use2)
         decisions[:] = chosen.decisions

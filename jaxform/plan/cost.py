@@ -219,33 +219,22 @@ _BATCHED: contextvars.ContextVar = contextvars.ContextVar("jaxform_gradient_batc
 
 
 @contextlib.contextmanager
-def gradient_batched(axes: tuple | None, size: int | None):
+def gradient_batched(steps: tuple = (), before_gradient: bool = False):
     """`optimize` tells the memory passes that the gradient runs batched, `jax.vmap(jax.grad(f))` (per-example
     gradients): a budget is for the batched program, not one example's (attack round 10: fitted to one
-    example's 19648 B, the batched gradient took 139200 B against a 106675-byte budget)."""
-    with _setting(_BATCHED, None if axes is None else (tuple(axes), int(size))):
+    example's 19648 B, the batched gradient took 139200 B against a 106675-byte budget). `steps`: each
+    `jax.vmap`'s (in_axes per input, size), innermost first (nested vmaps: fitted to the inner batch of 2, a
+    budget ran 2x over it silently, round 23's C). before_gradient: the vmap comes first, `jax.grad` of a batched
+    loss (`jax.grad(lambda p: jax.vmap(f)(p, xs).sum())`): the gradient of the batched program runs, not the
+    batched gradient (a warning quoted per-example gradients' 0.89 MiB where 1.26 MiB ran, round 23's D)."""
+    steps = tuple((tuple(axes), int(size)) for axes, size in steps)
+    with _setting(_BATCHED, (steps, bool(before_gradient)) if steps else None):
         yield
 
 
 def batched_gradient():
-    """(axes, size) of the `jax.vmap` the gradient runs under, or None."""
+    """(steps, before_gradient) of the `jax.vmap`s the gradient runs under (`gradient_batched`), or None."""
     return _BATCHED.get()
-
-
-_LOSS_AND_AUX: contextvars.ContextVar = contextvars.ContextVar("jaxform_loss_and_aux", default=False)
-
-
-@contextlib.contextmanager
-def returns_loss_and_aux(pair: bool):
-    """`optimize` tells the planner that the function returns what `jax.grad(f, has_aux=True)` takes: a pair
-    whose first element is one float scalar. Then that gradient's loss is output 0, and the other order can be
-    named for it (round 21's A2: a dict's loss flattens anywhere, a pair's first)."""
-    with _setting(_LOSS_AND_AUX, bool(pair)):
-        yield
-
-
-def loss_and_aux() -> bool:
-    return _LOSS_AND_AUX.get()
 
 
 _ARGUMENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_arguments", default=())

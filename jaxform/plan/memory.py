@@ -40,7 +40,7 @@ from ..passes.recompute import is_gradient, recomputed
 from ..passes.remat_loops import TABLE_BYTES_PER_STEP
 from ..passes.remat_program import candidates
 from . import cost, measure as _measure
-from .use import aux_losses, batched_program
+from .use import aux_losses, batched_program, loss_and_aux, scalar_outputs
 
 SQRT_MIN_LENGTH = 16
 # "auto" remats a loop body only where recomputing it costs at most this many FLOPs per byte it stops
@@ -213,8 +213,9 @@ def other_runs(closed) -> list:
     is not fitted to (`gradient_runs` fits has_aux's) but that the chosen plan is checked against, so that one
     missing it is said (round 18's M and N: the loss alone, the aux dropped, ran 18768 B of a 16641 B budget
     unsaid; the VJP of every output 524288 B of 413204 B): the VJP of every output (`jax.vjp` with a cotangent
-    on each, `jax.grad` of their sum), with its value too, and each scalar output alone, the others dropped."""
-    ks = aux_losses(closed)
+    on each, `jax.grad` of their sum), with its value too, and each scalar output alone, the others dropped
+    (every scalar, also where has_aux's loss is known to be output 0: `jax.grad(lambda *a: f(*a)[1][0])`)."""
+    ks = scalar_outputs(closed)
     if not ks:
         return []
     wrt = _first_argument_floats(closed) or None
@@ -232,9 +233,34 @@ def missed_otherwise(closed, memory) -> tuple[int | None, str]:
 
 def _gradient(closed, wrt=None, with_value: bool = False, outs=None, aux: bool = True):
     """The gradient program a budget measures: as `use.gradient_program`, behind a jit boundary where the
-    call was traced under `jax.jit` with its use unknown (`cost.gradient_behind_jit`: what JAX then runs)."""
+    call was traced under `jax.jit` with its use unknown (`cost.gradient_behind_jit`: what JAX then runs); of
+    the batched program where `jax.vmap` comes before `jax.grad` (`cost.gradient_batched`)."""
+    batch = cost.batched_gradient()
+    if batch is not None and batch[1]:
+        closed = _batched(closed, batch[0])
     return cost.gradient_program(closed, wrt=wrt, with_value=with_value, outs=outs, aux=aux,
                                  through_jit=cost.gradient_behind_jit())
+
+
+_BATCHED_PROGRAMS: dict = {}
+
+
+def _batched(closed, steps):
+    """`closed` under each of the `jax.vmap` steps (innermost first), remembered while `closed` lives (a budget
+    asks for the same candidate's gradients many times, and `use.gradient_program` remembers them by program)."""
+    key = (id(closed), steps)
+    hit = _BATCHED_PROGRAMS.get(key)
+    if hit is not None and hit[0] is closed:
+        return hit[1]
+    out = closed
+    for axes, size in steps:
+        if len(axes) != len(out.in_avals):
+            return closed        # (a program with other inputs, a gradient's own: judged unbatched)
+        out = batched_program(out, axes, size)
+    if len(_BATCHED_PROGRAMS) > 256:
+        _BATCHED_PROGRAMS.clear()
+    _BATCHED_PROGRAMS[key] = (closed, out)
+    return out
 
 
 def budget_is_own(closed) -> bool:
@@ -403,7 +429,7 @@ def _other_order(closed, memory, reached: int, reached_valued: int | None = None
     backward (`recompute_choice`). Said only where it is 10% less than `reached` (issue 38: the LM at 25%
     reached 23.00 MiB this way and 18.07 MiB the other).
     A function with several outputs is claimed only where it returns what `jax.grad(f, has_aux=True)` takes
-    (`cost.loss_and_aux`: a pair, a float scalar first): that program, output 0 the loss, against what this
+    (`use.loss_and_aux`: a pair, a float scalar first): that program, output 0 the loss, against what this
     order's `chosen` program (None: `closed` as it is) takes with that loss, not the most of any output's. A
     dict's loss flattens anywhere, and the VJP of every output is not the has_aux program (claims 1.74x off,
     and an order 10% worse named: round 21's A). Not for a gradient w.r.t. values `f` closes over, which
@@ -413,11 +439,12 @@ def _other_order(closed, memory, reached: int, reached_valued: int | None = None
     then the other order is also judged as `optimize(jax.value_and_grad(f), ...)` runs it (the MLP at 25%:
     1.50 MiB this way, 1.25 MiB that way, unnamed where both `jax.grad` programs took 1.25; round 21's G)."""
     asked = cost.asked_gradient() or ""
-    if asked == cost.ASKED_CLOSED_OVER:
-        return ""
+    batch = cost.batched_gradient()
+    if asked == cost.ASKED_CLOSED_OVER or batch is not None and batch[1]:   # (nor for jax.grad of a batched loss:
+        return ""       # the other order differentiates that loss, which `f` alone is not)
     outs = None
     if aux_losses(closed):
-        if not cost.loss_and_aux() or 0 not in aux_losses(closed):
+        if not loss_and_aux() or 0 not in aux_losses(closed):
             return ""
         outs, ran, wrt = (0,), closed if chosen is None else chosen, _first_argument_floats(closed) or None
         reached = _xla_temp(_gradient(ran, wrt, outs=outs))
@@ -438,7 +465,9 @@ def _advised(gradient: str, memory) -> str:
     """The other order as the user writes it: under per-example gradients, inside their `jax.vmap` (which since
     session 22 plans the batched program: round 21's E and F)."""
     call = f"optimize({gradient}, memory={memory!r})"
-    return f"jax.vmap({call}) (with your in_axes)" if cost.batched_gradient() is not None else call
+    batch = cost.batched_gradient()
+    return call if batch is None else "jax.vmap(" * len(batch[0]) + call + ")" * len(batch[0]) + \
+        " (with your in_axes)"
 
 
 def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str, outs=None) -> str:
@@ -498,7 +527,12 @@ def _own_subject() -> str:
 
 def _batched_words() -> str:
     batched = cost.batched_gradient()
-    return f", batched over {batched[1]} examples (jax.vmap)" if batched else ""
+    if not batched:
+        return ""
+    sizes = [size for _, size in batched[0]]
+    many = f"{math.prod(sizes)} examples" + (f" ({' x '.join(map(str, sizes[::-1]))}, nested jax.vmap)"
+                                             if len(sizes) > 1 else " (jax.vmap)")
+    return f", of the program batched over {many}" if batched[1] else f", batched over {many}"
 
 
 def user_grad_temp(closed) -> int | None:
@@ -600,8 +634,8 @@ def _xla_temp(closed) -> int:
     `cost.gradient_batched`), through the planner's caches (`measure.temp_bytes`: a budget's candidates are
     compiled once per machine, however often the pipeline is replayed)."""
     batch = cost.batched_gradient()
-    if batch is not None and len(batch[0]) == len(closed.in_avals):
-        closed = batched_program(closed, *batch)
+    if batch is not None and not batch[1]:      # (batched before the gradient: `_gradient` batched it)
+        closed = _batched(closed, batch[0])
     t = _measure.temp_bytes(closed, _measure.Budget(math.inf), memory_only=True)    # (never timed)
     return cost.xla_temp(closed) if t is None else t
 

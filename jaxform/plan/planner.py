@@ -85,6 +85,8 @@ GIVE_BACK_SPEEDUP = 1.25   # memory an earlier pass won is spent (up to the trac
 GIVE_BACK_MEASURED = 1.25  # predicted / measured speedup. Measured too: the seed's sin/cos forward timed its fused
                            # program at 0.47 and 0.39 ms in one process, so fission's "1.13x" undid a 50x memory
                            # win that the next run reversed (1.26x the other way, regret.py); 1.10 was inside that
+VALUE_MEMORY = 1.25        # jax.value_and_grad's program within this of jax.grad's memory (and MEMORY_SLACK) is
+                           # taken for the same work: the pair timed in jax.grad's stands for it (`_same_work`)
 MEMORY_WIN = 2.0           # a proposal that cuts some view's temp memory this much (and grows none) ...
 MEMORY_WIN_TIME = 0.10     # ... may be this much slower: the 1.10x time regret the planner is held to
 GRAD_VIEW_MAX_EQNS = 4000  # above this the model's gradient view is not traced (its cost would show)
@@ -266,12 +268,14 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
             # measured tie bought a fission that gave back remat's memory, 7x: round 22's A)
         share = max(share_given_back(plain[v].temp_bytes, before[v].temp_bytes, after[v].temp_bytes)
                     for v in gives_back)
-        need = lambda b, a: give_back_price(share) if a.time_from == b.time_from == "measured" else \
+        growth = max(after[v].temp_bytes / max(before[v].temp_bytes, 1.0) for v in gives_back)
+        need = lambda b, a: give_back_price(share, growth) if a.time_from == b.time_from == "measured" else \
             math.inf if UNCHECKED in (a.time_from, b.time_from) else GIVE_BACK_SPEEDUP
         if timed and not any(b.seconds >= a.seconds * need(b, a) for b, a in timed):
             b, a = timed[0]     # (the GPU demo's fission took back fusion's memory on a predicted 1.40x, its
             # budget spent)
-            price = f", {share:.0%} of it, where {need(b, a):.2f}x would buy it" if math.isfinite(need(b, a)) else ""
+            price = f", {share:.0%} of it ({growth:.1f}x), where {need(b, a):.2f}x would buy it" \
+                if math.isfinite(need(b, a)) else ""
             return False, Why(f"gives back {', '.join(gives_back)} memory an earlier pass won for a {_how(a)} "
                               f"{b.seconds / max(a.seconds, 1e-12):.2f}x{_unchecked(b, a)}{price}", GIVES_BACK,
                               gives_back[0])
@@ -290,17 +294,24 @@ def judge(plain: Cost, before: Cost, after: Cost, *, memory_pass: bool, memory,
 
 def share_given_back(plain: float, before: float, after: float) -> float:
     """The share of what earlier passes won in a view (`plain - before` bytes) that `after` gives back; all of
-    it (1.0) where they won nothing there."""
+    it (1.0) where they won nothing there, or where a number is not finite (unknown: the full price, round 23's E)."""
     won = plain - before
-    return 1.0 if won <= 0 else min(1.0, max(0.0, (after - before) / won))
+    if not all(math.isfinite(x) for x in (plain, before, after)) or won <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (after - before) / won))
 
 
-def give_back_price(share: float) -> float:
+def give_back_price(share: float, growth: float = 1.0) -> float:
     """The measured speedup that buys back `share` of the memory earlier passes won: GIVE_BACK_MEASURED for all
     of it (the seed's sin/cos: fission undoing fusion's 50x on a noisy 1.13x), less for a part, by the square
     root of the share (most of a win costs nearly the full price: 2/3 of it 1.20x; 6% of it 1.06x), never under
     the machine's noise. `plan.masked`'s gradient refused fission at 1.07x-1.16x measured (1.18x-1.23x in
-    regret.py) for 100 KiB of remat's 1.65 MiB (6%), and ran 1.2x slower than it might at 4.1x less memory."""
+    regret.py) for 100 KiB of remat's 1.65 MiB (6%), and ran 1.2x slower than it might at 4.1x less memory.
+    `growth`: the most the give-back multiplies a view's memory by; MEMORY_WIN (2x) or more pays the full price
+    whatever the share, as a halving is what earns a memory win its time (round 23's A: remat's 6.7 KiB grown to
+    46.7, 7x, was 22% of the win from the traced 185.4 KiB, and a measured 1.15x bought it)."""
+    if not math.isfinite(share) or not math.isfinite(growth) or growth >= MEMORY_WIN and share >= NOISE:
+        return GIVE_BACK_MEASURED     # (a sliver of the win, under the noise, stays cheap however it multiplies)
     return max(1 + NOISE, 1 + (GIVE_BACK_MEASURED - 1) * math.sqrt(share))
 
 
@@ -481,11 +492,14 @@ class _Costs:
                 continue
             grad_view = b.view[:-len(WITH_VALUE)] if b.view.endswith(WITH_VALUE) else None
             twin = names.index(grad_view) if grad_view in names else None
-            if twin is not None and bv[twin].time_from == av[twin].time_from == "measured":
+            if twin is not None and bv[twin].time_from == av[twin].time_from == "measured" and \
+                    _same_work(b, before.views[twin]) and _same_work(a, after.views[twin]):
                 # `jax.value_and_grad`'s program does `jax.grad`'s work and returns the value it computes anyway:
                 # the pair timed there stands for it (timing both, an LSTM LM's 0.7 s gradients, took 7 s a pair;
                 # left to the model where only `jax.grad`'s was timed, its predicted 1.72x bought a fission that
-                # gave back remat's memory, 7x, at a measured 1.00x: round 22's A)
+                # gave back remat's memory, 7x, at a measured 1.00x: round 22's A). Only where the model sees the
+                # same work in both: a value needing a loop the gradient drops would borrow a loop-free tie (a
+                # fusion 2x slower in that loop kept "measured 1.00x", round 23's B), so is timed itself
                 bv[k], av[k] = replace(b, seconds=bv[twin].seconds, time_from="measured"), \
                     replace(a, seconds=av[twin].seconds, time_from="measured")
                 continue
@@ -524,6 +538,17 @@ class _Costs:
 
 def _key(closed):
     return program_identity(Graph.from_jaxpr(closed), closed)
+
+
+def _same_work(value: ViewCost, grad: ViewCost) -> bool:
+    """Is `jax.value_and_grad`'s program (`value`) doing `jax.grad`'s work (`grad`)? Then the pair timed in the
+    gradient stands for it (`_Costs.pair`). The model's times within its noise, and the memory within what
+    returning the value adds (an MLP's 3.00 MiB gradient took 3.50 with its value): where XLA drops a loop the
+    gradient does not need and the value does, the model still sees it in both, XLA's bytes do not (0 B against
+    804 KiB, round 23's B)."""
+    return value.seconds is not None and grad.seconds is not None and \
+        abs(value.seconds - grad.seconds) <= 2 * NOISE * max(grad.seconds, 1e-15) and \
+        value.temp_bytes <= VALUE_MEMORY * grad.temp_bytes + MEMORY_SLACK
 
 
 # ---- planning ---------------------------------------------------------------------------------------
@@ -1040,7 +1065,9 @@ class _Planning:
         before, after, _ = self.costs.pair(self.run_passes(good, tail), self.run_passes(cand, tail),
                                            lambda b, a: self.memory_settles(b, a, ""), first_gradient_only=True)
         k2, why2 = judge(self.plain, before, after, memory_pass=False, memory=self.memory, use=self.costs.use)
-        return k2, why2.reworded(f"{why2} once loop memory planning has run (alone: {alone})")
+        v = after.views[0].view     # (its bytes: the record's costs are the verdict alone's, round 23's F)
+        bytes_ = f" ({v} {_kib(before[v].temp_bytes)} -> {_kib(after[v].temp_bytes)})"
+        return k2, why2.reworded(f"{why2}{bytes_} once loop memory planning has run (alone: {alone})")
 
     def with_enabled(self, i, enabled, good, cand, keep, why):
         """A proposal judged together with the later pass it enables (`ENABLES`), against that pass alone:

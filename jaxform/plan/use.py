@@ -139,11 +139,39 @@ def use_of(leaves) -> Use:
     return Use(tuple(steps))
 
 
+_LOSS_AND_AUX: contextvars.ContextVar = contextvars.ContextVar("jaxform_loss_and_aux", default=False)
+
+
+@contextlib.contextmanager
+def returns_loss_and_aux(pair: bool):
+    """`optimize` tells the planner that the function returns what `jax.grad(f, has_aux=True)` takes: a pair
+    whose first element is one float scalar. Then that gradient's loss is output 0, and the other order can be
+    named for it (round 21's A2: a dict's loss flattens anywhere, a pair's first), and a budget is fitted to that
+    loss alone (`aux_losses`), the other outputs' gradients checked after (round 17's K: 26 compiles where 6 do)."""
+    token = _LOSS_AND_AUX.set(bool(pair))
+    try:
+        yield
+    finally:
+        _LOSS_AND_AUX.reset(token)
+
+
+def loss_and_aux() -> bool:
+    return _LOSS_AND_AUX.get()
+
+
 def aux_losses(closed) -> list[int]:
-    """The outputs `jax.grad(f, has_aux=True)` could differentiate, if `closed` could be called so: each float
-    scalar among several outputs (AUX_VIEWS of them at most: the first ones and the last). Not only output 0: `{"loss": l, "aux": a}` flattens the
-    aux first; nor only the first scalar: `{"acc": mean(a), "aux": a, "loss": l}` flattens the accuracy first
-    (attacks: 19x plain's bytes where only output 0, then only the first scalar, was judged)."""
+    """The outputs `jax.grad(f, has_aux=True)` could differentiate, if `closed` could be called so: output 0
+    where the function returns a pair with a float scalar first (`loss_and_aux`: has_aux takes that one), else
+    each float scalar among several outputs (`scalar_outputs`)."""
+    scalars = scalar_outputs(closed)
+    return [0] if loss_and_aux() and scalars[:1] == [0] else scalars
+
+
+def scalar_outputs(closed) -> list[int]:
+    """Each float scalar among several outputs (AUX_VIEWS of them at most: the first ones and the last). Not only
+    output 0: `{"loss": l, "aux": a}` flattens the aux first; nor only the first scalar: `{"acc": mean(a), "aux":
+    a, "loss": l}` flattens the accuracy first (attacks: 19x plain's bytes where only output 0, then only the
+    first scalar, was judged)."""
     outs = closed.out_avals
     if len(outs) < 2:
         return []
