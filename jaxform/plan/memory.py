@@ -242,24 +242,15 @@ def _gradient(closed, wrt=None, with_value: bool = False, outs=None, aux: bool =
                                  through_jit=cost.gradient_behind_jit())
 
 
-_BATCHED_PROGRAMS: dict = {}
-
-
 def _batched(closed, steps):
-    """`closed` under each of the `jax.vmap` steps (innermost first), remembered while `closed` lives (a budget
-    asks for the same candidate's gradients many times, and `use.gradient_program` remembers them by program)."""
-    key = (id(closed), steps)
-    hit = _BATCHED_PROGRAMS.get(key)
-    if hit is not None and hit[0] is closed:
-        return hit[1]
+    """`closed` under each of the `jax.vmap` steps, innermost first (`use.batched_program` traces each once per
+    plan); `closed` itself where a step's axes are not its inputs (a program with other inputs, a gradient's own:
+    judged unbatched)."""
     out = closed
     for axes, size in steps:
         if len(axes) != len(out.in_avals):
-            return closed        # (a program with other inputs, a gradient's own: judged unbatched)
+            return closed
         out = batched_program(out, axes, size)
-    if len(_BATCHED_PROGRAMS) > 256:
-        _BATCHED_PROGRAMS.clear()
-    _BATCHED_PROGRAMS[key] = (closed, out)
     return out
 
 
@@ -442,9 +433,9 @@ def _other_order(closed, memory, reached: int, reached_valued: int | None = None
     batch = cost.batched_gradient()
     if asked == cost.ASKED_CLOSED_OVER or batch is not None and batch[1]:   # (nor for jax.grad of a batched loss:
         return ""       # the other order differentiates that loss, which `f` alone is not)
-    outs = None
-    if aux_losses(closed):
-        if not loss_and_aux() or 0 not in aux_losses(closed):
+    outs, losses = None, aux_losses(closed)
+    if losses:
+        if not loss_and_aux() or 0 not in losses:
             return ""
         outs, ran, wrt = (0,), closed if chosen is None else chosen, _first_argument_floats(closed) or None
         reached = _xla_temp(_gradient(ran, wrt, outs=outs))

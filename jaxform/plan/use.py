@@ -195,8 +195,9 @@ _TRACED_GRADIENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_trac
 
 @contextlib.contextmanager
 def gradients_remembered():
-    """Within one plan, each gradient program is traced once: a budget's baseline and the final guard ask for
-    the same one (nanoGPT: 0.5 s a trace). Keyed by the program object, which the memo keeps alive."""
+    """Within one plan, each gradient program (and batched program, `batched_program`) is traced once: a budget's
+    baseline and the final guard ask for the same one (nanoGPT: 0.5 s a trace). Keyed by the program object,
+    which the memo keeps alive."""
     token = _TRACED_GRADIENTS.set({})
     try:
         yield
@@ -268,7 +269,19 @@ def jvp_program(closed, wrt):
 
 
 def batched_program(closed, axes, size: int):
-    """The jaxpr `jax.vmap` runs for this program, inputs batched along `axes` (None: not batched)."""
+    """The jaxpr `jax.vmap` runs for this program, inputs batched along `axes` (None: not batched); traced once
+    per plan (`gradients_remembered`: a budget batches each candidate for every gradient it measures)."""
+    memo = _TRACED_GRADIENTS.get()
+    key = ("vmap", id(closed), tuple(axes), size)
+    if memo is not None and key in memo:
+        return memo[key][1]
+    out = _batched_program(closed, axes, size)
+    if memo is not None:
+        memo[key] = (closed, out)
+    return out
+
+
+def _batched_program(closed, axes, size: int):
     specs = []
     for a, ax in zip(closed.in_avals, axes):
         shape = tuple(a.shape)

@@ -94,6 +94,7 @@ from jaxform.plan import planner
 from jaxform.plan.planner import Cost, ViewCost
 from jaxform.plan.use import WITH_VALUE, Use
 
+from fuzz.test_attack_round21 import _normed, _weights  # noqa: E402  (six residual layers, a layer norm each)
 from fuzz.test_attack_round22 import _wide  # noqa: E402  (round 22's: sin(x) * cos(x) reduced over a 64-wide axis)
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="numbers measured on XLA:CPU")
@@ -408,23 +409,6 @@ def test_value_and_grad_keeps_a_slower_loop():
 
 
 # ---- 4. planning_contexts: programs run under jax.vmap -------------------------------------------------------
-
-def _ln(h):
-    mu = h.mean(-1, keepdims=True)
-    return (h - mu) * lax.rsqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
-
-
-def _normed(p, x):
-    """Round 21's six residual layers with a layer norm each."""
-    for w in p:
-        x = jnp.tanh(_ln(x @ w)) + x
-    return jnp.mean(x ** 2)
-
-
-def _weights(n=6):
-    k = jax.random.split(jax.random.PRNGKey(0), n + 1)
-    return [jax.random.normal(kk, (64, 64)) * 0.1 for kk in k[:n]], k[n]
-
 
 def _run(build, plain_fn, args, share=0.5):
     """(plain bytes, budget, planned bytes, jaxform warnings) of `build(budget)`; values checked against plain."""
