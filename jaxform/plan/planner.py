@@ -49,8 +49,8 @@ from . import cost as _cost, measure as _measure
 from .per_loop import only_loop, top_loops
 from .derivatives import with_derivatives_of
 from .memory import WITH_VALUE as _VALUED, auto_budget, budgeted_temp, missed_otherwise, unmet_without
-from .use import (AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, UNKNOWN, WITH_VALUE, Use, aux_losses, gradient_program,
-                  gradients_remembered)
+from .use import (AUX_GRAD, FORWARD, HYPOTHETICAL_GRAD, NO_VALUE, UNKNOWN, WITH_VALUE, Use, aux_losses,
+                  gradient_program, gradients_remembered, without_value)
 
 # The passes whose proposals the planner judges (the others are always kept: they only simplify).
 DECIDED = frozenset({"stream_rows", "hoist_loop_invariants", "sum_then_pull_back", "fuse_scan_reductions", "fission",
@@ -447,10 +447,20 @@ class _Costs:
         """Is `closed` judged in `view`? The value-returned and has_aux views only where it has loops (no
         loop rewrite to judge in a straight-line program, whose budget `plan.memory` checks against
         `jax.value_and_grad` itself: two more compiles of a whole train step's gradient would buy nothing),
-        the has_aux ones only for scalar float outputs among others (`use.aux_losses`)."""
+        the has_aux ones only for scalar float outputs among others (`use.aux_losses`), except a (loss, aux)
+        function's `jax.grad(f, has_aux=True)`, the gradient it runs."""
         if view.startswith(AUX_GRAD):
-            return self.loops
+            return self.loops or view.endswith(NO_VALUE)
         return not view.endswith(WITH_VALUE) or self.loops
+
+    def guarded(self, closed) -> dict:
+        """`closed` in the views only the final guard holds it to (`Use.guarded_views`), where it has loops (a
+        straight-line program's budget checks them itself: `plan.memory.missed_otherwise`)."""
+        key = ("guarded", _key(closed))
+        if key not in self._views:
+            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.guarded_views(closed)}
+                                if self.loops else {}, closed)
+        return self._views[key][0]
 
     def model(self, closed) -> Cost:
         key = _key(closed)
@@ -490,7 +500,7 @@ class _Costs:
         for k, (b, a) in enumerate(zip(bv, av)):
             if b.seconds is None or a.seconds is None:
                 continue
-            grad_view = b.view[:-len(WITH_VALUE)] if b.view.endswith(WITH_VALUE) else None
+            grad_view = without_value(b.view)
             twin = names.index(grad_view) if grad_view in names else None
             if twin is not None and bv[twin].time_from == av[twin].time_from == "measured" and \
                     _same_work(b, before.views[twin]) and _same_work(a, after.views[twin]):
@@ -931,6 +941,8 @@ class _Planning:
         views = [(v, self.costs.views(self.closed)[v], self.costs.views(chosen)[v]) if v != HYPOTHETICAL_GRAD else
                  (v, gradient_program(self.closed, through_jit=True), gradient_program(chosen, through_jit=True))
                  for v in self.costs.views(self.closed) if derivatives or not self.costs.use.differentiates(v)]
+        if derivatives:
+            views += [(v, p, self.costs.guarded(chosen)[v]) for v, p in self.costs.guarded(self.closed).items()]
         first = _cost.first_argument()
         strict = self.memory in (None, "auto")     # "min" and budgets ask for memory first: as before
         if not self.costs.use.known and derivatives:   # and jax.grad(f, argnums=k), each k (the first: by default)

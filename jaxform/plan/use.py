@@ -29,6 +29,7 @@ HYPOTHETICAL_GRAD = "grad (if used)"
 # gradient of that loss alone, the others returned as values (a scanned aux: fission's batched op
 # looked free in the all-outputs gradient, which stores it anyway, and took 19x plain's memory).
 AUX_GRAD = "grad of one scalar output alone (has_aux)"     # one view per scalar output: `aux_view(k)`
+NO_VALUE = " (loss value dropped)"     # ... as `jax.grad(f, has_aux=True)` runs it: `aux_view(k, value=False)`
 AUX_VIEWS = 3      # at most this many scalar outputs judged as a has_aux loss each (one compile per candidate each)
 # ... and no bigger with the value returned (`jax.value_and_grad`, which the inputs cannot tell from `jax.grad`:
 # a loop the gradient does not need is in it; sin/cos w.r.t. x1 took 26200 B against plain's 25688 B) nor
@@ -70,13 +71,31 @@ class Use:
 
     def views(self, closed=None) -> tuple[str, ...]:
         """The programs a candidate is judged as, by name: one per use, two when the use is unknown; under a
-        gradient, its value returned too, and each scalar output of `closed` as a has_aux loss (`aux_view`)."""
+        gradient, its value returned too, and each scalar output of `closed` as a has_aux loss (`aux_view`).
+        A function returning (loss, aux) (`loss_and_aux`) is judged as has_aux runs it, with and without the
+        loss's value, as a one-output function is as `jax.grad` and `jax.value_and_grad` run it; the VJP of
+        every output (`jax.vjp`) only in the final guard (`guarded_views`): judging it per candidate too was
+        half of each candidate's compiles (round 17's K: 19 compiles where a one-output RNN takes 6)."""
         if not self.known:
             return ("forward", HYPOTHETICAL_GRAD)
-        first = self.steps[0] if self.steps else None
-        grad = isinstance(first, tuple) and first[0] == "grad"
-        aux = tuple(aux_view(k) for k in aux_losses(closed)) if grad and closed is not None else ()
-        return (self.label,) + ((self.label + WITH_VALUE,) + aux if grad else ())
+        if not self._gradient_first():
+            return (self.label,)
+        if self._pair(closed):
+            return (aux_view(0, value=False), aux_view(0))
+        aux = tuple(aux_view(k) for k in aux_losses(closed)) if closed is not None else ()
+        return (self.label, self.label + WITH_VALUE) + aux
+
+    def guarded_views(self, closed) -> tuple[str, ...]:
+        """Views the final guard holds the chosen program to beside `views` ("never bigger" in each): for a
+        (loss, aux) function, the VJP of every output, with and without the values."""
+        return (self.label, self.label + WITH_VALUE) if self._gradient_first() and self._pair(closed) else ()
+
+    def _gradient_first(self) -> bool:
+        return bool(self.steps) and isinstance(self.steps[0], tuple) and self.steps[0][0] == "grad"
+
+    @staticmethod
+    def _pair(closed) -> bool:
+        return closed is not None and loss_and_aux() and aux_losses(closed) == [0]
 
     def program(self, closed, view: str):
         """`closed` as `view` runs it (a jaxpr), or None where JAX cannot build it (nothing to differentiate).
@@ -94,7 +113,8 @@ class Use:
             if closed is None or not isinstance(s, tuple):
                 continue
             if s[0] == "grad":
-                closed = gradient_program(closed, s[1], with_value=k == grads[-1] and view != self.label,
+                closed = gradient_program(closed, s[1], with_value=k == grads[-1] and view != self.label and
+                                          not view.endswith(NO_VALUE),
                                           outs=(loss,) if loss is not None and k == 0 else None)
             elif s[0] == "vmap":
                 closed = batched_program(closed, s[1], s[2])
@@ -180,14 +200,22 @@ def scalar_outputs(closed) -> list[int]:
     return scalars if len(scalars) <= AUX_VIEWS else scalars[:AUX_VIEWS - 1] + scalars[-1:]
 
 
-def aux_view(k: int) -> str:
-    """The view of output `k` as the has_aux loss, the others returned without a cotangent."""
-    return f"{AUX_GRAD} #{k}"
+def aux_view(k: int, value: bool = True) -> str:
+    """The view of output `k` as the has_aux loss, the others returned without a cotangent; with the loss's
+    value (`jax.value_and_grad(f, has_aux=True)`) or, value=False, without (`jax.grad(f, has_aux=True)`)."""
+    return f"{AUX_GRAD} #{k}" + ("" if value else NO_VALUE)
 
 
 def aux_index(view: str) -> int | None:
     """The output `aux_view` names, or None for any other view."""
-    return int(view[len(AUX_GRAD) + 2:]) if view.startswith(AUX_GRAD + " #") else None
+    return int(view[len(AUX_GRAD) + 2:].removesuffix(NO_VALUE)) if view.startswith(AUX_GRAD + " #") else None
+
+
+def without_value(view: str) -> str | None:
+    """The view that runs `view`'s gradient without returning the value (its twin: the same work), or None."""
+    if view.endswith(WITH_VALUE):
+        return view[:-len(WITH_VALUE)]
+    return view + NO_VALUE if aux_index(view) is not None and not view.endswith(NO_VALUE) else None
 
 
 _TRACED_GRADIENTS: contextvars.ContextVar = contextvars.ContextVar("jaxform_traced_gradients", default=None)

@@ -253,11 +253,13 @@ def _record_unchecked(monkeypatch):
 
 @pytest.mark.slow
 def test_unchecked_is_only_a_ratio_inside_the_models_error(monkeypatch):
-    """Finding C. sincos under jax.grad; the (faked) machine answers two pairs, then the budget is spent.
+    """Finding C. sincos under jax.grad; the (faked) machine answers one pair, then the budget is spent.
     A pair holding a program timed earlier is timed whatever the model's ratio, and left unmeasured it is
-    marked unchecked: fission's 4.42x (predicted, outside CONFIDENT) is then refused as a guess."""
+    marked unchecked: fission's 4.42x (predicted, outside CONFIDENT) is then refused as a guess. (One pair:
+    since round 23's B, `jax.value_and_grad`'s view of sincos, whose value needs a loop `jax.grad`'s drops, is
+    timed itself, so two answered pairs left nothing unmeasured and the test asserted nothing.)"""
     monkeypatch.setenv("JAXFORM_MEASURE", "1")
-    monkeypatch.setattr(measure, "seconds", _answers_then_spent(2))
+    monkeypatch.setattr(measure, "seconds", _answers_then_spent(1))
     seen = _record_unchecked(monkeypatch)
     fn, args = programs()["sincos"]
     o = jaxform.optimize(fn)

@@ -82,6 +82,46 @@ def test_the_has_aux_loss_is_found_where_it_is():
     assert aux_losses(jax.make_jaxpr(lambda w: (w, w * 2))(args[0])) == []    # no scalar: no has_aux call
 
 
+def test_a_loss_and_aux_pair_is_judged_as_has_aux_runs_it():
+    """A function returning (loss, aux), as `optimize` tells the planner (`returns_loss_and_aux`), is judged per
+    candidate as `jax.grad(f, has_aux=True)` and `jax.value_and_grad(f, has_aux=True)` run it; the VJP of every
+    output, with and without the values, only by the final guard (round 17's K: judging it per candidate too
+    doubled each candidate's compiles)."""
+    from jaxform.plan.use import NO_VALUE, returns_loss_and_aux, without_value
+    args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
+    closed = jax.make_jaxpr(_with_aux)(*args)
+    with returns_loss_and_aux(True):
+        assert GRAD_X1.views(closed) == (aux_view(0, value=False), aux_view(0))
+        assert GRAD_X1.guarded_views(closed) == ("grad", "grad" + WITH_VALUE)
+        grad, valued = GRAD_X1.program(closed, aux_view(0, value=False)), GRAD_X1.program(closed, aux_view(0))
+    assert aux_index(aux_view(0, value=False)) == 0 and aux_view(0, value=False).endswith(NO_VALUE)
+    assert without_value(aux_view(0)) == aux_view(0, value=False) and without_value("grad" + WITH_VALUE) == "grad"
+    assert without_value("grad") is None and without_value(aux_view(0, value=False)) is None
+    # has_aux's gradient returns the aux and w's gradient; with the value, the loss too
+    assert len(grad.jaxpr.outvars) == 2 and len(valued.jaxpr.outvars) == 3
+    with returns_loss_and_aux(False):    # a pair `optimize` was not told of: every way judged per candidate
+        assert GRAD_X1.views(closed) == ("grad", "grad" + WITH_VALUE, aux_view(0))
+        assert GRAD_X1.guarded_views(closed) == ()
+
+
+def test_the_final_guard_holds_a_pair_to_the_vjp_of_every_output(monkeypatch):
+    """Only the guard sees a (loss, aux) function's VJP of every output: a chosen program bigger there than as
+    traced (XLA's bytes, faked here for that view alone) is caught, in has_aux's views no bigger."""
+    from jaxform.plan import measure
+    from jaxform.plan.use import returns_loss_and_aux
+    args = _a(16, 16, k=0.1), _a(60, 8, 16, seed=3)
+    closed = jax.make_jaxpr(_with_aux)(*args)
+    chosen = jax.make_jaxpr(lambda w, zs: jax.tree_util.tree_map(lambda x: x * 1.0, _with_aux(w, zs)))(*args)
+    with returns_loss_and_aux(True):
+        costs = planner._Costs(GRAD_X1, measure.Budget(None), None, True, False)
+        p = planner._Planning(closed, [], "auto", False, "", costs)
+        grown = costs.guarded(chosen)["grad" + WITH_VALUE]
+        monkeypatch.setattr(measure, "temp_bytes", lambda c, *a, **k: 2000 if c is grown else 1000)
+        over = p.bigger(chosen)
+    assert over is not None and "grad" + WITH_VALUE in over and "2000 B > 1000 B" in over, over
+    assert set(costs.views(closed)) == {aux_view(0, value=False), aux_view(0)}
+
+
 def test_judge_gives_back_no_bytes_a_budget_or_min_asks_for():
     grad = Use((("grad", (0,)),))
     cost = lambda m, s: Cost((ViewCost("grad", m, s, "XLA", "measured"),))   # noqa: E731
