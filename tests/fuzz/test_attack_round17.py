@@ -213,7 +213,7 @@ def test_three_scalar_outputs_budget_compiles_at_most_3x_single(tmp_path, monkey
     (2.1 s). Expected: at most 3x (one extra has_aux view pair per extra output would be ~3x). Session 23 fitted
     a pair's budget to has_aux's loss alone (19 compiles); session 24 judges a (loss, aux) function's candidates
     as has_aux runs it, with and without the loss's value, and the VJP of every output in the final guard only
-    (`Use.guarded_views`): 12 against 6 (JAX 0.10.2)."""
+    (`Use.guarded_views`): 12-13 against 6 (JAX 0.10.2)."""
     args = _rnn_args(16)
     single, ts = _plan_compiles(rnn_mse, False, args, 0.5, monkeypatch, str(tmp_path / "a"))
     three, tt = _plan_compiles(rnn3, True, args, 0.5, monkeypatch, str(tmp_path / "b"))
