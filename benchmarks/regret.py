@@ -129,7 +129,7 @@ def timed(fns: list, args, reps: int, sample_seconds: float = SAMPLE_SECONDS) ->
     return min_time(fns, args, reps=reps, sample_seconds=sample_seconds)
 
 
-def measure(named: dict, args, reps: int, notes: list) -> tuple[dict, dict]:
+def measure(named: dict, args, reps: int, notes: list, where: str = "") -> tuple[dict, dict]:
     """({name: (seconds, temp)} for the jitted programs that compile and run, {name: fingerprint}); others
     noted and skipped. One program reached by several candidates is timed once: its copies got 0.70x-1.42x
     of each other's time in one run (issue 37), noise a verdict must not rest on."""
@@ -141,7 +141,7 @@ def measure(named: dict, args, reps: int, notes: list) -> tuple[dict, dict]:
             jax.block_until_ready(g(*args))
             ok[name] = g
         except Exception as e:
-            notes.append(f"{name}: skipped ({type(e).__name__}: {str(e)[:80]})")
+            notes.append(f"{where}{name}: skipped ({type(e).__name__}: {str(e)[:80]})")
     first = {}
     for n in ok:
         first.setdefault(prints[n], n)
@@ -164,7 +164,9 @@ def row(name, fn, args, kind, reps, cap, notes) -> dict:
         named["min"] = view(kind, fn, lambda f: jaxform.optimize(f, memory="min"), args)
     except Exception:
         pass
-    res, prints = measure(named, args, reps, notes)
+    res, prints = measure(named, args, reps, notes, f"{name}/{kind} ")
+    if "plain" not in res:     # (a while loop's reverse mode: plain JAX raises, so there is nothing to compare)
+        return {"program": name, "view": kind, "error": "no row: plain jax.jit cannot run this view (noted above)"}
     if "planner" not in res:
         return {"program": name, "view": kind, "error": "planner failed"}
     decisions, memory = pass_verdicts(planner_fn, kind)
