@@ -431,7 +431,8 @@ class _Costs:
                  loops: bool = True):
         self.use, self.budget, self.example_args, self.loops = use, budget, example_args, loops
         self.measuring, self.tune = measuring, tune
-        self._views: dict = {}
+        self._views: dict = {}       # program key -> (views, the program: kept alive while its key is in use)
+        self._guarded: dict = {}     # the same for `guarded`'s views
         self._model: dict = {}
         self._timed: dict = {}     # (program key, view) -> seconds measured in this plan
 
@@ -456,11 +457,11 @@ class _Costs:
     def guarded(self, closed) -> dict:
         """`closed` in the views only the final guard holds it to (`Use.guarded_views`), where it has loops (a
         straight-line program's budget checks them itself: `plan.memory.missed_otherwise`)."""
-        key = ("guarded", _key(closed))
-        if key not in self._views:
-            self._views[key] = ({v: self.use.program(closed, v) for v in self.use.guarded_views(closed)}
-                                if self.loops else {}, closed)
-        return self._views[key][0]
+        key = _key(closed)
+        if key not in self._guarded:
+            self._guarded[key] = ({v: self.use.program(closed, v) for v in self.use.guarded_views(closed)}
+                                  if self.loops else {}, closed)
+        return self._guarded[key][0]
 
     def model(self, closed) -> Cost:
         key = _key(closed)
