@@ -42,15 +42,103 @@ def get_aval(x: Any):
     return jax.typeof(x)
 
 
-def check_jaxpr(closed: ClosedJaxpr) -> None:
-    """Type-check a jaxpr (raises JaxprTypeError)."""
+def check_jaxpr(closed: ClosedJaxpr, like: ClosedJaxpr | None = None) -> None:
+    """Type-check a jaxpr (raises JaxprTypeError).
+
+    `like`: a program already verified (traced by JAX, or checked) that `closed` was rewritten from. An
+    equation with the primitive, params (by identity), context and input types of one in `like` has
+    that one's output types: only the equations a pass made are evaluated again, and variable scoping
+    is checked in full. Rewritten train steps re-evaluated every type, 5-10% of their compile. Anything
+    this check cannot vouch for (effects, refs, a mismatch) gets JAX's whole check and its error.
+    """
+    if like is not None and not closed.jaxpr.effects:
+        try:
+            if _check_scoping(closed.jaxpr, _typings(like.jaxpr, {})):
+                return
+        except Exception:
+            pass   # JAX's check below decides, with its message
     jex.check_jaxpr(closed.jaxpr)
+
+
+def _typing_key(eqn):
+    """What an equation's types are a function of; None where params cannot be keyed (unhashable)."""
+    try:
+        key = (eqn.primitive, tuple((k, type(v), v) for k, v in eqn.params.items()), eqn.ctx,
+               tuple(x.aval for x in eqn.invars))
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _typings(jaxpr, known: dict) -> dict:
+    """Every equation of a verified jaxpr (and of the jaxprs in its params) keyed to (out types, effects)."""
+    for eqn in jaxpr.eqns:
+        key = _typing_key(eqn)
+        if key is not None:
+            known[key] = ([v.aval for v in eqn.outvars], eqn.effects)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            _typings(sub, known)
+    return known
+
+
+def _check_scoping(jaxpr, known: dict) -> bool:
+    """True when every variable is bound once before use and each equation's types are vouched for by
+    `known` or by JAX's check of that one equation; False where JAX's whole check must decide."""
+    bound = set(jaxpr.constvars) | set(jaxpr.invars)
+    if len(bound) != len(jaxpr.constvars) + len(jaxpr.invars):
+        return False
+
+    def readable(x):
+        if isinstance(x, _core.Literal):
+            return _core.typecheck(x.aval, x.val)
+        return x in bound
+
+    for eqn in jaxpr.eqns:
+        if eqn.effects or not all(map(readable, eqn.invars)):
+            return False
+        avals = [x.aval for x in (*eqn.invars, *eqn.outvars)]
+        if not all(type(a) is _core.ShapedArray for a in avals):
+            return False    # refs, tokens, extended types: JAX's check
+        key = _typing_key(eqn)
+        typed = known.get(key) if key is not None else None
+        if typed is None:
+            inputs = list(dict.fromkeys(x for x in eqn.invars if isinstance(x, _core.Var)))
+            outputs = [v for v in eqn.outvars if not isinstance(v, _core.DropVar)]
+            jex.check_jaxpr(_core.Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=[eqn]))
+            typed = ([v.aval for v in eqn.outvars], eqn.effects)
+            if key is not None:
+                known[key] = typed
+        outs, effects = typed
+        if effects or len(outs) != len(eqn.outvars) or \
+                not all(_core.typematch(v.aval, a) for v, a in zip(eqn.outvars, outs)):
+            return False
+        for v in eqn.outvars:
+            if not isinstance(v, _core.DropVar):
+                if v in bound:
+                    return False
+                bound.add(v)
+    return all(map(readable, jaxpr.outvars))
 
 
 def eval_jaxpr(closed: ClosedJaxpr, *args):
     """Evaluate by binding each primitive: runs under whatever trace is active. (jax._src: the public
     `jaxpr_as_fun` also turns `jax_debug_nans` off while it runs, which would hide a user's NaN check.)"""
     return _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+
+def emit_jaxpr(closed: ClosedJaxpr, *args):
+    """`eval_jaxpr`, but under a jit/make_jaxpr trace whose tracers every arg is, copy the equations into
+    that trace as they are instead of binding each again: binding re-runs every abstract evaluation,
+    about a third of what `optimize` adds to a train step's compile (JAX inlines a `jit(inline=True)`
+    body the same way). The program is one this process traced and verified, so its types stand."""
+    trace = _core.trace_ctx.trace
+    if not (isinstance(trace, _pe.DynamicJaxprTrace) and args
+            and all(isinstance(a, _pe.DynamicJaxprTracer) and a._trace is trace for a in args)):
+        return eval_jaxpr(closed, *args)
+    src = _siu.current()
+    outs = _pe.inline_jaxpr_into_trace(trace, src, closed.jaxpr, closed.consts, *args)
+    return [trace.to_jaxpr_tracer(x, src) for x in outs]
 
 
 def jaxpr_effects(constvars, invars, outvars, eqns):

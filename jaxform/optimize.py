@@ -343,7 +343,7 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             if entry[2]:
                 cache.setdefault(key, {})[use if entry[3] else None] = entry
         closed, out_tree, _, _ = entry
-        outs = _outputs(closed, _jax.eval_jaxpr(closed, *leaves))
+        outs = _outputs(closed, _jax.emit_jaxpr(closed, *leaves))
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     def _build(args, kwargs, n_leaves, use):

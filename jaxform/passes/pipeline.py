@@ -33,7 +33,7 @@ def verify(closed, like, *, typecheck: bool = True) -> None:
     about twice the trace time) and checks only the signature.
     """
     if typecheck:
-        _jax.check_jaxpr(closed)
+        _jax.check_jaxpr(closed, like)
     same = lambda a, b: len(a) == len(b) and all(x.strip_weak_type() == y.strip_weak_type() for x, y in zip(a, b))
     if not same(closed.in_avals, like.in_avals) or not same(closed.out_avals, like.out_avals):
         raise TypeError(f"signature changed: {closed.in_avals} -> {closed.out_avals}, "
