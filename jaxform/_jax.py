@@ -82,6 +82,9 @@ def _typings(jaxpr, known: dict) -> dict:
     return known
 
 
+_ONE_EQUATION = jex.DebugInfo("jaxform check_jaxpr", "one equation a pass made", None, None)
+
+
 def _check_scoping(jaxpr, known: dict) -> bool:
     """True when every variable is bound once before use and each equation's types are vouched for by
     `known` or by JAX's check of that one equation; False where JAX's whole check must decide."""
@@ -105,7 +108,8 @@ def _check_scoping(jaxpr, known: dict) -> bool:
         if typed is None:
             inputs = list(dict.fromkeys(x for x in eqn.invars if isinstance(x, _core.Var)))
             outputs = [v for v in eqn.outvars if not isinstance(v, _core.DropVar)]
-            jex.check_jaxpr(_core.Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=[eqn]))
+            jex.check_jaxpr(_core.Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=[eqn],
+                                        debug_info=_ONE_EQUATION))
             typed = ([v.aval for v in eqn.outvars], eqn.effects)
             if key is not None:
                 known[key] = typed
