@@ -46,12 +46,13 @@ def check_jaxpr(closed: ClosedJaxpr, like: ClosedJaxpr | None = None) -> None:
     """Type-check a jaxpr (raises JaxprTypeError).
 
     `like`: a program already verified (traced by JAX, or checked) that `closed` was rewritten from. An
-    equation with the primitive, params (by identity), context and input types of one in `like` has
-    that one's output types: only the equations a pass made are evaluated again, and variable scoping
-    is checked in full. Rewritten train steps re-evaluated every type, 5-10% of their compile. Anything
-    this check cannot vouch for (effects, refs, a mismatch) gets JAX's whole check and its error.
+    equation with the primitive, params (with their types), context and input types of one JAX checked
+    in `like` (its top level, and jit bodies, which JAX checks in full) keeps that one's output types:
+    only the equations a pass made are evaluated again, one at a time, and variable scoping is checked in
+    full. Rewritten train steps re-evaluated every type, 5-10% of their compile. Whatever this check
+    cannot vouch for (effects, refs, a mismatch) gets JAX's whole check and its error.
     """
-    if like is not None and not closed.jaxpr.effects:
+    if like is not None and not closed.jaxpr.effects and not _core.config.debug_key_reuse.value:
         try:
             if _check_scoping(closed.jaxpr, _typings(like.jaxpr, {})):
                 return
@@ -60,10 +61,17 @@ def check_jaxpr(closed: ClosedJaxpr, like: ClosedJaxpr | None = None) -> None:
     jex.check_jaxpr(closed.jaxpr)
 
 
+def _param_key(v):
+    """A param as a key: its type at every level (`(0.0, 0.0) == (0, 0)`, and a slice's float start is an error)."""
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(map(_param_key, v)))
+    return (type(v), v)
+
+
 def _typing_key(eqn):
     """What an equation's types are a function of; None where params cannot be keyed (unhashable)."""
     try:
-        key = (eqn.primitive, tuple((k, type(v), v) for k, v in eqn.params.items()), eqn.ctx,
+        key = (eqn.primitive, tuple((k, _param_key(v)) for k, v in eqn.params.items()), eqn.ctx,
                tuple(x.aval for x in eqn.invars))
         hash(key)
         return key
@@ -72,24 +80,33 @@ def _typing_key(eqn):
 
 
 def _typings(jaxpr, known: dict) -> dict:
-    """Every equation of a verified jaxpr (and of the jaxprs in its params) keyed to (out types, effects)."""
+    """The equations JAX's check types in full in a verified jaxpr: its own, and those of jit bodies (the
+    rules of scan, cond, custom derivatives and shard_map check a body's signature, or in another context),
+    each keyed to its output types and effects."""
     for eqn in jaxpr.eqns:
         key = _typing_key(eqn)
         if key is not None:
             known[key] = ([v.aval for v in eqn.outvars], eqn.effects)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            _typings(sub, known)
+        if eqn.primitive.name in ("jit", "pjit"):
+            _typings(eqn.params["jaxpr"].jaxpr, known)
     return known
 
 
 _ONE_EQUATION = jex.DebugInfo("jaxform check_jaxpr", "one equation a pass made", None, None)
 
 
+def _plain(v) -> bool:
+    return type(v.aval) is _core.ShapedArray
+
+
 def _check_scoping(jaxpr, known: dict) -> bool:
     """True when every variable is bound once before use and each equation's types are vouched for by
-    `known` or by JAX's check of that one equation; False where JAX's whole check must decide."""
-    bound = set(jaxpr.constvars) | set(jaxpr.invars)
-    if len(bound) != len(jaxpr.constvars) + len(jaxpr.invars):
+    `known` (the same types, up to weak type) or by JAX's check of that one equation; False where JAX's
+    whole check must decide (refs, tokens and other types, dropped binders, any doubt)."""
+    binders = [*jaxpr.constvars, *jaxpr.invars]
+    bound = set(binders)
+    if len(bound) != len(binders) or not all(isinstance(v, _core.Var) and not isinstance(v, _core.DropVar)
+                                             and _plain(v) for v in binders):
         return False
 
     def readable(x):
@@ -97,12 +114,11 @@ def _check_scoping(jaxpr, known: dict) -> bool:
             return _core.typecheck(x.aval, x.val)
         return x in bound
 
+    same = lambda a, b: a.strip_weak_type() == b.strip_weak_type()   # noqa: E731
     for eqn in jaxpr.eqns:
-        if eqn.effects or not all(map(readable, eqn.invars)):
+        if eqn.effects or not all(map(readable, eqn.invars)) or \
+                not all(_plain(x) for x in (*eqn.invars, *eqn.outvars)):
             return False
-        avals = [x.aval for x in (*eqn.invars, *eqn.outvars)]
-        if not all(type(a) is _core.ShapedArray for a in avals):
-            return False    # refs, tokens, extended types: JAX's check
         key = _typing_key(eqn)
         typed = known.get(key) if key is not None else None
         if typed is None:
@@ -110,19 +126,15 @@ def _check_scoping(jaxpr, known: dict) -> bool:
             outputs = [v for v in eqn.outvars if not isinstance(v, _core.DropVar)]
             jex.check_jaxpr(_core.Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=[eqn],
                                         debug_info=_ONE_EQUATION))
-            typed = ([v.aval for v in eqn.outvars], eqn.effects)
-            if key is not None:
-                known[key] = typed
-        outs, effects = typed
-        if effects or len(outs) != len(eqn.outvars) or \
-                not all(_core.typematch(v.aval, a) for v, a in zip(eqn.outvars, outs)):
-            return False
+        elif typed[1] or len(typed[0]) != len(eqn.outvars) or \
+                not all(map(same, (v.aval for v in eqn.outvars), typed[0])):
+            return False     # (an effect the equation dropped; other types)
         for v in eqn.outvars:
             if not isinstance(v, _core.DropVar):
                 if v in bound:
                     return False
                 bound.add(v)
-    return all(map(readable, jaxpr.outvars))
+    return all(readable(x) and _plain(x) for x in jaxpr.outvars)
 
 
 def eval_jaxpr(closed: ClosedJaxpr, *args):
@@ -137,8 +149,10 @@ def emit_jaxpr(closed: ClosedJaxpr, *args):
     about a third of what `optimize` adds to a train step's compile (JAX inlines a `jit(inline=True)`
     body the same way). The program is one this process traced and verified, so its types stand."""
     trace = _core.trace_ctx.trace
-    if not (isinstance(trace, _pe.DynamicJaxprTrace) and args
-            and all(isinstance(a, _pe.DynamicJaxprTracer) and a._trace is trace for a in args)):
+    if not (isinstance(trace, _pe.DynamicJaxprTrace) and args and len(args) == len(closed.jaxpr.invars)
+            and all(isinstance(a, _pe.DynamicJaxprTracer) and a._trace is trace and a.aval == v.aval
+                    for a, v in zip(args, closed.jaxpr.invars))
+            and not any(isinstance(c, Tracer) for c in closed.consts)):   # (a value the trace computed)
         return eval_jaxpr(closed, *args)
     src = _siu.current()
     outs = _pe.inline_jaxpr_into_trace(trace, src, closed.jaxpr, closed.consts, *args)

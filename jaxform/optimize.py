@@ -146,7 +146,8 @@ def _describe(tree) -> str:
 
 def _aval_key(x):
     a = _jax.get_aval(x)
-    return (a.shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
+    return (a.shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None),
+            getattr(a, "memory_space", None), getattr(a, "manual_axis_type", None))   # (host memory; shard_map's varying axes)
 
 
 @contextlib.contextmanager
