@@ -106,7 +106,8 @@ def _check_scoping(jaxpr, known: dict) -> bool:
     binders = [*jaxpr.constvars, *jaxpr.invars]
     bound = set(binders)
     if len(bound) != len(binders) or not all(isinstance(v, _core.Var) and not isinstance(v, _core.DropVar)
-                                             and _plain(v) for v in binders):
+                                             and _plain(v) and getattr(v, "initial_qdd", None) is None
+                                             for v in binders):     # (state a binder carries: JAX's check)
         return False
 
     def readable(x):
@@ -144,19 +145,37 @@ def eval_jaxpr(closed: ClosedJaxpr, *args):
 
 
 def emit_jaxpr(closed: ClosedJaxpr, *args):
-    """`eval_jaxpr`, but under a jit/make_jaxpr trace whose tracers every arg is, copy the equations into
-    that trace as they are instead of binding each again: binding re-runs every abstract evaluation,
-    about a third of what `optimize` adds to a train step's compile (JAX inlines a `jit(inline=True)`
-    body the same way). The program is one this process traced and verified, so its types stand."""
-    trace = _core.trace_ctx.trace
-    if not (isinstance(trace, _pe.DynamicJaxprTrace) and args and len(args) == len(closed.jaxpr.invars)
+    """`eval_jaxpr`, but under a jit/make_jaxpr trace whose tracers every arg is (of the program's input
+    types), copy the equations into that trace as they are instead of binding each again: binding re-runs
+    every abstract evaluation, about a third of what `optimize` added to a train step's compile (JAX
+    inlines a `jit(inline=True)` body the same way). The program is one this process traced and verified,
+    so its types stand. Each equation keeps its own source line and name stack, as `eval_jaxpr` gives it.
+    Bound again as before: effects, hijax primitives (the trace must know of them to lower them), and a
+    program that closes over a value of the trace."""
+    trace, jaxpr = _core.trace_ctx.trace, closed.jaxpr
+    if not (isinstance(trace, _pe.DynamicJaxprTrace) and args and len(args) == len(jaxpr.invars)
             and all(isinstance(a, _pe.DynamicJaxprTracer) and a._trace is trace and a.aval == v.aval
-                    for a, v in zip(args, closed.jaxpr.invars))
-            and not any(isinstance(c, Tracer) for c in closed.consts)):   # (a value the trace computed)
+                    for a, v in zip(args, jaxpr.invars))
+            and not jaxpr.effects and not any(isinstance(c, Tracer) for c in closed.consts)
+            and not any(e.primitive.is_high(*[x.aval for x in e.invars], **e.params) for e in jaxpr.eqns)):
         return eval_jaxpr(closed, *args)
-    src = _siu.current()
-    outs = _pe.inline_jaxpr_into_trace(trace, src, closed.jaxpr, closed.consts, *args)
-    return [trace.to_jaxpr_tracer(x, src) for x in outs]
+    here = _siu.current()
+    env = dict(zip(jaxpr.constvars, [trace.new_const(c, source_info=here) for c in closed.consts]))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(x, src):
+        return _pe.DynamicJaxprTracer(trace, x.aval, x, src) if isinstance(x, _core.Literal) else env[x]
+
+    for eqn in jaxpr.eqns:
+        src = here.replace(traceback=eqn.source_info.traceback or here.traceback,
+                           name_stack=here.name_stack + eqn.source_info.name_stack)
+        ins, avals = [read(x, src) for x in eqn.invars], [v.aval for v in eqn.outvars]
+        folded = _pe.try_constant_folding(eqn.primitive, ins, eqn.params, avals)
+        outs = [trace.new_const(c, source_info=src, aval=a) for c, a in zip(folded, avals)] if folded is not None \
+            else trace.emit_eqn(ins, avals, eqn.primitive, eqn.params, eqn.effects, src, eqn.ctx)
+        for v, t in zip(eqn.outvars, outs):
+            env.setdefault(v, t)
+    return [trace.to_jaxpr_tracer(read(x, here), here) for x in jaxpr.outvars]
 
 
 def jaxpr_effects(constvars, invars, outvars, eqns):

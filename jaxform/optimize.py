@@ -319,8 +319,9 @@ def optimize(fn: Callable | None = None, passes: Sequence | str | None = None, *
             return fn(*args, **kwargs)
         n = len(args)
         static_pos = {i % n if i < 0 else i for i in static_argnums if n and i < n}   # as jax.jit
-        statics = tuple((i, args[i]) for i in sorted(static_pos)) + \
-            tuple(sorted(((k, v) for k, v in kwargs.items() if k in static_argnames), key=lambda kv: kv[0]))
+        # typed (as jax.jit keys them): 2, 2.0 and np.int32(2) are equal and hash alike, and trace apart
+        statics = tuple((i, type(args[i]), args[i]) for i in sorted(static_pos)) + \
+            tuple(sorted(((k, type(v), v) for k, v in kwargs.items() if k in static_argnames), key=lambda kv: kv[0]))
         positions = [i for i in range(n) if i not in static_pos]
         dyn = (tuple(args[i] for i in positions), {k: v for k, v in kwargs.items() if k not in static_argnames})
         leaves_paths, in_tree = jax.tree_util.tree_flatten_with_path(dyn)
