@@ -56,7 +56,7 @@ PASS_THROUGH = frozenset({"convert_element_type", "reshape", "copy", "copy_p", "
                           "mul", "div", "neg", "max", "min", "select_n", "clamp", "dynamic_update_slice"})
 
 
-def is_gradient(closed) -> bool:
+def is_gradient(closed: _jax.ClosedJaxpr | Graph) -> bool:
     """Whether `closed` was differentiated already: one of its outputs is made by a backward pass. AD's
     transpose sums the cotangents of a value read twice with `add_any`, which user code does not write, and
     an equation JAX made by transposing says so in its name stack (`_jax.transposed`: a chain MLP's
@@ -67,7 +67,8 @@ def is_gradient(closed) -> bool:
     step, a `jax.linear_transpose` layer) has transposed equations too, but returns what its forward makes;
     taken for a gradient, a budget on it measured the forward's own memory and met it while the gradient the
     user runs took 2x the budget, silently (round 19's A, B)."""
-    return any(_from_backward(v) for v in Graph.from_jaxpr(closed).outputs)
+    g = closed if isinstance(closed, Graph) else Graph.from_jaxpr(closed)
+    return any(_from_backward(v) for v in g.outputs)
 
 
 def _from_backward(v) -> bool:

@@ -574,8 +574,10 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     planned alone, its derivatives as traced (`_plan_each_use`), unless each_use=False.
     """
     t0 = time.perf_counter()
-    loops = _cost.has_loops(Graph.from_jaxpr(closed))
-    use_unknown, guessed = not use.known, not use.known and is_gradient(closed)
+    seen = Graph.from_jaxpr(closed)     # read only (loops, gradient, budget): a 7k-equation step's is 30 ms
+    loops = _cost.has_loops(seen)
+    gradient = functools.cache(lambda: is_gradient(seen))
+    use_unknown, guessed = not use.known, not use.known and gradient()
     if use_unknown and each_use and loops and not guessed and memory in (None, "auto") and \
             not _measure.impure(closed) and not _measure.has_while(closed):   # (while_grad: its gradient is planned)
         return _plan_each_use(closed, pipeline, memory=memory, strict=strict, where=where, tune=tune,
@@ -590,9 +592,9 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     if not use.differentiated:     # nothing to remember under a forward use: no memory planning, no budget to
         # check (remat_program's loop check warned "cannot fit" of a gradient the call never takes, round 10),
         # except a program that is a gradient already: its own backward recomputes (`passes.recompute`)
-        drop = MEMORY_PASSES | (frozenset() if is_gradient(closed) else LAST_WORD)
+        drop = MEMORY_PASSES | (frozenset() if gradient() else LAST_WORD)
         pipeline = [p for p in pipeline if base_name(p) not in drop]
-    planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed)
+    planning = _Planning(closed, list(pipeline), memory, strict, where, costs, use_unknown, guessed, seen)
     with _measure.planning(f"{where or 'a program'} for {use.label}") as clock, gradients_remembered():
         out = planning.run() if loops else planning.straight_line()
     # `skipped` indexes the pipeline as given (`explain` replays it), the passes dropped for the use included
@@ -642,8 +644,9 @@ def _plan_each_use(closed, pipeline, **kw) -> Plan:
 
 class _Planning:
     def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs, use_unknown: bool = False,
-                 guessed: bool = False):
+                 guessed: bool = False, seen: Graph | None = None):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
+        self.seen = seen or Graph.from_jaxpr(closed)    # `closed` as a graph, never edited (what it holds)
         self.strict, self.where = strict, where
         self.use_unknown = use_unknown     # a jit trace's call: nothing tells how its result is used
         self.guessed = guessed             # ... and the program looks like a gradient (`optimize(jax.grad(f))`)
@@ -843,7 +846,7 @@ class _Planning:
         n = len(self.closed.jaxpr.eqns)
         if n > GUARD_MAX_EQNS and self.costs.measuring and \
                 all(base_name(p) in CLEANUPS for k, p in enumerate(self.pipeline) if k not in skip) and \
-                (self.memory is None or self.memory == "auto" and auto_budget(Graph.from_jaxpr(self.closed))[0] is None):
+                (self.memory is None or self.memory == "auto" and auto_budget(self.seen)[0] is None):
             # only cleanups to run, which XLA does itself: checking them would compile this big program in every
             # view the call may run (an 11k-equation program: minutes, where jax.jit compiles it in 5 s)
             decisions.append(Decision("planner", True, Cost(()), Cost(()),
