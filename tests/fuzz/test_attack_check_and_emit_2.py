@@ -66,37 +66,13 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxform
 from jaxform import _jax
+from fuzz.test_attack_check_and_emit import _assert_rejected, _replace
+from test_jax_flags import _flag
 
 X = jnp.arange(3.0, dtype=jnp.float32) + 0.5
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
-
-def _replace(closed, **kw):
-    return jex.ClosedJaxpr(closed.jaxpr.replace(**kw), closed.consts)
-
-
-def _assert_rejected(bad, like):
-    jex.check_jaxpr(like.jaxpr)
-    with pytest.raises(Exception):
-        jex.check_jaxpr(bad.jaxpr)
-    with pytest.raises(Exception):
-        _jax.check_jaxpr(bad, like)
-
-
-class _flag:
-    """Turn one JAX config flag on for a block."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __enter__(self):
-        self.old = getattr(jax.config, self.name)
-        jax.config.update(self.name, True)
-
-    def __exit__(self, *exc):
-        jax.config.update(self.name, self.old)
-
 
 def _leaves(tree):
     return [(np.asarray(t).tolist(), str(t.dtype), bool(getattr(t, "weak_type", False)))
