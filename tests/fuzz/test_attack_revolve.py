@@ -17,19 +17,7 @@ from jaxform import _jax
 OLD_JAX = _jax.JAX_VERSION < (0, 12)
 
 
-@pytest.fixture(autouse=True)
-def _revolve_as_scheduled(monkeypatch):
-    """These tests attack revolve itself. Since a byte budget on loops is measured (`plan.memory.fit_loops`,
-    b2d4e1f: the least XLA measures of the model's schedule and the uniform ones is kept), a 1-byte budget is
-    not revolve wherever XLA measures remat of each step smaller (JAX 0.10.2 on this CPU, 2026-11-30): the
-    `_is_revolve` preconditions failed and the strict xfails "held" on them. The loops get the schedule the
-    model gives the budget (revolve, 1 slot; "min": sqrt), unmeasured, as when these tests were written."""
-    from jaxform.passes import decisions
-
-    def as_scheduled(graph, memory, schedule, warn=True):
-        schedule(graph, memory)
-        return graph
-    monkeypatch.setitem(decisions._DECIDERS, "fit_loops", as_scheduled)
+pytestmark = pytest.mark.usefixtures("revolve_as_scheduled")   # (tests/conftest.py: revolve, not measured)
 
 
 def _opt(f, memory=1):
