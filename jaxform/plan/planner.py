@@ -574,7 +574,7 @@ def plan(closed, pipeline: Sequence[Callable], *, memory=None, strict: bool = Fa
     planned alone, its derivatives as traced (`_plan_each_use`), unless each_use=False.
     """
     t0 = time.perf_counter()
-    seen = Graph.from_jaxpr(closed)     # read only (loops, gradient, budget): a 7k-equation step's is 30 ms
+    seen = Graph.from_jaxpr(closed)     # read only, once (loops, gradient, budget): tens of ms on a 7k-equation step
     loops = _cost.has_loops(seen)
     gradient = functools.cache(lambda: is_gradient(seen))
     use_unknown, guessed = not use.known, not use.known and gradient()
@@ -646,7 +646,7 @@ class _Planning:
     def __init__(self, closed, pipeline, memory, strict, where, costs: _Costs, use_unknown: bool = False,
                  guessed: bool = False, seen: Graph | None = None):
         self.closed, self.pipeline, self.memory, self.costs = closed, pipeline, memory, costs
-        self.seen = seen or Graph.from_jaxpr(closed)    # `closed` as a graph, never edited (what it holds)
+        self._seen = seen
         self.strict, self.where = strict, where
         self.use_unknown = use_unknown     # a jit trace's call: nothing tells how its result is used
         self.guessed = guessed             # ... and the program looks like a gradient (`optimize(jax.grad(f))`)
@@ -656,6 +656,13 @@ class _Planning:
         self.partial = False     # a pass kept for some loops only: replaying the pipeline is not the plan
         self.forward = None      # the final guard gave the chosen forward the traced program's derivatives
         self.rewritten = False   # a deciding pass's proposal kept: the program before is no longer the traced one
+
+    @property
+    def seen(self) -> Graph:
+        """`closed` as a graph, read and never edited (what it holds: its loops, its budget)."""
+        if self._seen is None:
+            self._seen = Graph.from_jaxpr(self.closed)
+        return self._seen
 
     def propose(self, c, ps):
         """`ps` run over `c`, and the warnings they gave (said only if this program is kept)."""
