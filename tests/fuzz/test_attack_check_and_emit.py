@@ -48,6 +48,8 @@ emit_jaxpr (optimize under jit / make_jaxpr):
   E4. (pre-existing: the same cache key with the eval path raised "mul requires varying manual axes to match")
       the same, the other way round: jax.jit(f) works, jit(optimize(f)) raises.
 """
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -101,6 +103,17 @@ def _explicit_mesh():
     from jax.sharding import AxisType
     _mesh()
     return jax.make_mesh((2,), ("i",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+
+
+@contextlib.contextmanager
+def _sin_on_explicit_mesh():
+    """(mesh, jaxpr of sin of an f32[8] sharded P('i') on a 2-device explicit mesh, its one equation), the mesh set."""
+    mesh = _explicit_mesh()
+    with jax.set_mesh(mesh):
+        x = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("i")))
+        c = jax.make_jaxpr(jnp.sin)(x)
+        sin, = c.jaxpr.eqns
+        yield mesh, c, sin
 
 
 def _mesh(n=2):
@@ -307,11 +320,7 @@ def test_programs_with_refs_tokens_and_keys_get_jaxs_verdict():
 
 
 def test_explicit_sharding_mismatch_on_a_matched_equation_is_rejected():
-    mesh = _explicit_mesh()
-    with jax.set_mesh(mesh):
-        x = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("i")))
-        c = jax.make_jaxpr(jnp.sin)(x)
-        sin, = c.jaxpr.eqns
+    with _sin_on_explicit_mesh() as (mesh, c, sin):
         wrong = jex.Var(sin.outvars[0].aval.update(sharding=NamedSharding(mesh.abstract_mesh, P(None))))
         _assert_rejected(_replace(c, eqns=[sin.replace(outvars=[wrong])], outvars=[wrong]), c)
 
@@ -424,11 +433,7 @@ def test_bug_C6_annotation_cached_for_a_key_is_not_the_computed_type():
     # f32[8@i]; a second cos annotated f32[8] on the explicit mesh with P(None) passes against f32[8] - but JAX
     # compares it with the computed f32[8@i] and rejects ("inconsistently typed as f32[8@i] for let-binder of type
     # f32[8]"). The same with a `like` whose annotation is the loose one (like_loose below).
-    mesh = _explicit_mesh()
-    with jax.set_mesh(mesh):
-        x = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("i")))
-        c = jax.make_jaxpr(jnp.sin)(x)
-        sin, = c.jaxpr.eqns
+    with _sin_on_explicit_mesh() as (mesh, c, sin):
         computed = sin.outvars[0].aval
         loose = jax.core.ShapedArray(computed.shape, computed.dtype)
         wrong = computed.update(sharding=NamedSharding(mesh.abstract_mesh, P(None)))
