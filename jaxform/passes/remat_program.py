@@ -143,16 +143,17 @@ def checkpointed(closed, bounds: list[int], policy: str):
     return jax.make_jaxpr(program)(*[_jax.spec_of(a) for a in closed.in_avals])
 
 
-def candidates(closed, cheapest_first: bool = False):
-    """(name, program) for each schedule worth measuring, the likeliest to save first, or with
-    cheapest_first the one recomputing least first (matmul results kept; then all but the last of 2, 4, 8,
-    16 segments: half, 3/4, ... of the forward; then all of it), a generator: each is traced only when
-    asked for."""
+def schedules(closed, cheapest_first: bool = False) -> list[tuple[str, str, tuple]]:
+    """(name, policy, cut points) of each distinct candidate, untraced: the likeliest to save first, or with
+    cheapest_first the one recomputing least first by a fixed rule (matmul results kept; then all but the
+    last of 2, 4, 8, 16 segments: half, 3/4, ... of the forward; then all of it). The planner orders them by
+    what each recomputes (`recomputed_eqns`) where the rule is wrong: a convolutional net's convolutions are
+    not the matmuls `checkpoint_dots` keeps."""
     n = len(closed.jaxpr.eqns)
     order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
         if cheapest_first else \
         [("all", 4), ("nothing", 4), ("dots", 1), ("nothing", 2), ("all", 8), ("nothing", 8), ("nothing", 16)]
-    seen = set()
+    out, seen = [], set()
     for policy, k in order:
         if k > 1 and n < k * MIN_EQNS_PER_SEGMENT:
             continue
@@ -160,8 +161,26 @@ def candidates(closed, cheapest_first: bool = False):
         if (k > 1 and not b) or (policy, b) in seen:
             continue
         seen.add((policy, b))
-        name = "checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments"
+        out.append(("checkpoint_dots" if policy == "dots" else f"{policy}, {len(b) + 1} segments", policy, b))
+    return out
+
+
+def recomputed_eqns(closed, policy: str, bounds: tuple) -> list[int]:
+    """The indices of `closed`'s equations a schedule's backward pass computes again: all but the matmuls
+    (`dots_saveable` keeps `dot_general` results; a convolution is recomputed), every segment's but the
+    last ("nothing"), or all of them ("all"). An upper bound: JAX drops what the backward does not read."""
+    eqns = closed.jaxpr.eqns
+    if policy == "dots":
+        return [i for i, e in enumerate(eqns) if e.primitive.name != "dot_general"]
+    return list(range(bounds[-1] if policy == "nothing" and bounds else len(eqns)))
+
+
+def candidates(closed, cheapest_first: bool = False, order: list | None = None):
+    """(name, program) for each schedule worth measuring (`schedules`, or `order`: some of them in the
+    planner's order), a generator: each is traced only when asked for."""
+    for name, policy, b in schedules(closed, cheapest_first) if order is None else order:
         yield name, checkpointed(closed, list(b), policy)
 
 
-__all__ = ["remat_program", "with_memory", "candidates", "checkpointed", "boundaries", "cuts"]
+__all__ = ["remat_program", "with_memory", "candidates", "schedules", "recomputed_eqns", "checkpointed", "boundaries",
+           "cuts"]
