@@ -11,8 +11,8 @@ them in `jax.checkpoint`:
                 the k - 1 cuts, and the backward pass recomputes one segment at a time
     nothing, k  the same with the last segment left plain (its backward runs right
                 after it: recomputing it buys little)
-    dots        the whole program under `checkpoint_dots` (`dots_saveable`): matmul
-                results are stored, the elementwise work between them recomputed
+    dots        the whole program under `checkpoint_dots` (`dots_saveable`): matmul and
+                convolution results are stored, the work between them recomputed
 
 Which candidate, if any, is the planner's decision (`plan.memory.choose`: each
 candidate's gradient compiled and measured by XLA, the fastest that fits a budget,
@@ -147,8 +147,7 @@ def schedules(closed, cheapest_first: bool = False) -> list[tuple[str, str, tupl
     """(name, policy, cut points) of each distinct candidate, untraced: the likeliest to save first, or with
     cheapest_first the one recomputing least first by a fixed rule (matmul results kept; then all but the
     last of 2, 4, 8, 16 segments: half, 3/4, ... of the forward; then all of it). The planner orders them by
-    what each recomputes (`recomputed_eqns`) where the rule is wrong: a convolutional net's convolutions are
-    not the matmuls `checkpoint_dots` keeps."""
+    what each recomputes (`recomputed_eqns`), where the rule is wrong: a program whose work is not matmuls."""
     n = len(closed.jaxpr.eqns)
     order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
         if cheapest_first else \
@@ -166,12 +165,13 @@ def schedules(closed, cheapest_first: bool = False) -> list[tuple[str, str, tupl
 
 
 def recomputed_eqns(closed, policy: str, bounds: tuple) -> list[int]:
-    """The indices of `closed`'s equations a schedule's backward pass computes again: all but the matmuls
-    (`dots_saveable` keeps `dot_general` results; a convolution is recomputed), every segment's but the
-    last ("nothing"), or all of them ("all"). An upper bound: JAX drops what the backward does not read."""
+    """The indices of `closed`'s equations a schedule's backward pass computes again: all but the matmuls and
+    convolutions (`dots_saveable` keeps both), every segment's but the last ("nothing"), or all of them
+    ("all"). An upper bound: JAX drops what the backward does not read, and "dots" also keeps the matmuls
+    inside a loop or branch, which count here with the rest of their equation."""
     eqns = closed.jaxpr.eqns
     if policy == "dots":
-        return [i for i, e in enumerate(eqns) if e.primitive.name != "dot_general"]
+        return [i for i, e in enumerate(eqns) if e.primitive.name not in MATMULS]
     return list(range(bounds[-1] if policy == "nothing" and bounds else len(eqns)))
 
 

@@ -416,9 +416,9 @@ def choose(closed, memory, asked: str | None = None):
 def by_recompute(closed) -> list:
     """`remat_program.schedules` in the order of the work each one's backward pass recomputes, in the cost
     model's seconds per equation (ties in the pass's own order). A budget takes the first that fits, so the
-    one recomputing least must come first; the fixed order put `checkpoint_dots` first, which on a
-    convolutional net recomputes every convolution: on the U-Net more than 8 segments do, for 0.4% less
-    memory where they saved half (one compile wasted per budget)."""
+    one recomputing least must come first: the pass's fixed order puts `checkpoint_dots` first, which holds
+    where matmuls and convolutions are the work, not where elementwise work is (there it recomputes about
+    as much as every segment does)."""
     specs = schedules(closed, cheapest_first=True)
     try:
         m = cost.machine()
