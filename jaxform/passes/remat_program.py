@@ -147,7 +147,7 @@ def schedules(closed, cheapest_first: bool = False) -> list[tuple[str, str, tupl
     """(name, policy, cut points) of each distinct candidate, untraced: the likeliest to save first, or with
     cheapest_first the one recomputing least first by a fixed rule (matmul results kept; then all but the
     last of 2, 4, 8, 16 segments: half, 3/4, ... of the forward; then all of it). The planner orders them by
-    what each recomputes (`recomputed_eqns`), where the rule is wrong: a program whose work is not matmuls."""
+    what each recomputes (`recomputed_eqns`): the rule is wrong where the work is neither matmuls nor convolutions."""
     n = len(closed.jaxpr.eqns)
     order = [("dots", 1), ("nothing", 2), ("nothing", 4), ("nothing", 8), ("nothing", 16), ("all", 4), ("all", 8)] \
         if cheapest_first else \
