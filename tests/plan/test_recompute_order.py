@@ -133,3 +133,14 @@ def test_an_elementwise_budget_compiles_the_segments_first(monkeypatch, tmp_path
     assert lowered.compile().memory_analysis().temp_size_in_bytes <= budget
     for a, b in zip(jax.tree.leaves(jax.jit(fn)(*args)), jax.tree.leaves(jax.grad(pointwise)(*args))):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_a_program_the_model_cannot_cost_keeps_the_pass_order(monkeypatch):
+    """Ordering is an optimization: a node the cost model raises on leaves the pass's own order, never a failed
+    pass (which would skip the budget)."""
+    closed = _program(pointwise, _pointwise_args())
+
+    def cannot(*a, **k):
+        raise NotImplementedError("a primitive the model has no cost for")
+    monkeypatch.setattr(pm.cost, "node_seconds", cannot)
+    assert _names(by_recompute(closed)) == _names(schedules(closed, cheapest_first=True))
