@@ -9,7 +9,9 @@ import numpy as np
 
 from .graph import Graph, Node
 
-__all__ = ["graph_flops", "contraction_flops"]
+__all__ = ["graph_flops", "contraction_flops", "MATMULS"]
+
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})   # the contractions: costed as such, kept by dots_saveable
 
 
 def _size(v) -> int:
@@ -30,7 +32,7 @@ def graph_flops(g: Graph) -> int:
     total = 0
     for n in g.nodes:
         out = sum(_size(o) for o in n.outputs)
-        if n.name in ("dot_general", "conv_general_dilated"):
+        if n.name in MATMULS:
             total += contraction_flops(n, out)
         elif n.name == "scan":
             total += n.params["length"] * graph_flops(n.regions["body"])

@@ -34,6 +34,7 @@ import jax
 
 from .. import _jax
 from ..ir import Graph, Node, ScanLoop, Value
+from ..ir.flops import MATMULS
 from ..ir.graph import OUT
 from ..ir.identity import is_impure
 from ..ir.separability import ELEMENTWISE
@@ -45,7 +46,6 @@ from .licm import TRIVIAL
 from .outline import outline
 
 NO_BATCH = frozenset({"cond", "while"})   # (impure nodes, rng_uniform among them, never move: `identity.is_impure`)
-MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 # Batch matmuls (input projections) too? None: by backend, not on CPU. Measured on CPU (benchmarks/loops.py,
 # L=400, B=H=128): a hand-batched `xs @ U` made the RNN 0.8-0.95x as fast forward and 0.5-0.8x under grad
 # (D = 32..512): XLA:CPU runs the small per-step matmul from cache, the batched one streams a [L, B, H]

@@ -8,10 +8,10 @@ cut costs the same in both.
 from __future__ import annotations
 
 from .. import _jax
+from ..ir.flops import MATMULS
 from ..ir.sizes import value_bytes
 
 MIN_EQNS_PER_SEGMENT = 4
-MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def cuts(jaxpr) -> tuple[list[float], list[float]]:

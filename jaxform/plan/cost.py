@@ -36,7 +36,7 @@ from .. import _jax
 from ..ir import Graph, Node, Value
 from ..ir.separability import AXES_REDUCTIONS, CALL_LIKE, ELEMENTWISE, UNARY
 from ..ir.sizes import nbytes, value_bytes  # noqa: F401 (re-exported)
-from ..ir.flops import contraction_flops as _contraction_flops, graph_flops  # noqa: F401
+from ..ir.flops import MATMULS, contraction_flops as _contraction_flops, graph_flops  # noqa: F401
 from ..ir.toposort import producers_first
 from .use import gradient_program  # noqa: F401 (the gradient view, re-exported)
 
@@ -425,7 +425,7 @@ def node_seconds(n: Node, m: Machine, in_loop: bool = False) -> float:
     if subs:
         return sum(seconds(g, m, in_loop) for g in subs)
     out = sum(_size(o) for o in n.outputs)
-    if n.name in ("dot_general", "conv_general_dilated"):
+    if n.name in MATMULS:
         flops = _contraction_flops(n, out)
     elif n.name in TRANSCENDENTAL:
         flops = max(m.transcendental, HEAVY.get(n.name, 0) if m.name == "cpu" else 0) * out
