@@ -503,8 +503,8 @@ def _other_reaches(closed, memory, reached: int, with_value: bool, gradient: str
 def describe(name: str) -> str:
     """A candidate's name (`remat_program.candidates`, `recompute_choice`) in words a user can act on."""
     if name == "checkpoint_dots":
-        return "the whole program under jax.checkpoint(policy=dots_saveable) (matmul results stored, the rest " \
-               "recomputed in the backward pass)"
+        return "the whole program under jax.checkpoint(policy=dots_saveable) (matmul and convolution results " \
+               "stored, the rest recomputed in the backward pass)"
     policy, _, k = name.partition(", ")
     k = k.split()[0] if k else "?"
     if policy == "all":
